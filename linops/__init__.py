@@ -1,0 +1,53 @@
+"""linops: lazy, matrix-free, structure-aware linear operators in JAX.
+
+Example:
+    >>> import jax.numpy as jnp, linops as lo
+    >>> J = lo.Dense(jnp.array([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]]))
+    >>> G = J.T @ lo.Diagonal(jnp.array([2.0, 3.0])) @ J      # lazy, tagged PSD
+    >>> sorted(G.tags)
+    ['psd', 'symmetric']
+    >>> lo.solve(lo.shift(G, 1.0), jnp.ones(3), method="cg").converged
+    Array(True, dtype=bool)
+"""
+
+from linops import tags
+from linops._base import LinearOperator
+from linops._composite import Inverse, Product, Scaled, Sum, Transpose, shift
+from linops._functions import (
+    Estimate,
+    Solution,
+    diag,
+    eigh,
+    hutchinson,
+    inv,
+    logdet,
+    pinv,
+    solve,
+    sqrt,
+    trace,
+)
+from linops._leaves import Dense, Diagonal, FunctionOp, Identity, Zero
+from linops._lineax import from_lineax, to_lineax
+from linops._lower import Lowered, count_matmuls, explain, lower
+from linops._projector import Complement, ProjectorOp
+from linops._rules import RULES, NoReduction, Rule, simplify
+from linops._structured import BlockDiagonal, Kronecker, LowRank, Selection
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BlockDiagonal", "Complement", "Dense", "Diagonal", "Estimate", "FunctionOp", "Identity",
+    "Inverse", "Kronecker", "LinearOperator", "LowRank", "Lowered", "NoReduction", "Product",
+    "ProjectorOp", "RULES", "Rule", "Scaled", "Selection", "Solution", "Sum", "Transpose", "Zero",
+    "count_matmuls", "diag", "eigh", "explain", "from_lineax", "hutchinson", "inv", "logdet",
+    "lower", "pinv", "shift", "simplify", "solve", "sqrt", "tags", "to_lineax", "trace",
+]
+
+
+def __getattr__(name):
+    # `linops.testing` is imported on first use so that `import linops` stays light.
+    if name == "testing":
+        import importlib
+
+        return importlib.import_module("linops.testing")
+    raise AttributeError(f"module 'linops' has no attribute {name!r}")

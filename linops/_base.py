@@ -1,0 +1,241 @@
+"""The `LinearOperator` base class: shape, dtype, tags, products and the operator syntax."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Hashable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linops import _tags
+
+_counter = itertools.count()
+
+
+def new_key() -> int:
+    """A fresh stable key for a leaf that holds data.
+
+    Keys are static pytree data: they survive `jax.jit` round trips, so `simplify` can
+    recognise that two leaves are the same operator after tracing (Python `is` cannot).
+    """
+    return next(_counter)
+
+
+def describe(op: Any) -> str:
+    """`Dense(3, 4)`-style name used in every error message."""
+    if isinstance(op, LinearOperator):
+        return f"{type(op).__name__}{tuple(op.shape)}"
+    shape = getattr(op, "shape", None)
+    return f"array of shape {tuple(shape)}" if shape is not None else repr(op)
+
+
+def is_scalar_like(x: Any) -> bool:
+    if isinstance(x, (int, float, np.number)) and not isinstance(x, bool):
+        return True
+    return isinstance(x, (jax.Array, np.ndarray)) and x.ndim == 0
+
+
+class LinearOperator(eqx.Module):
+    """A lazy linear map ``R^n -> R^m``, an `equinox.Module` pytree.
+
+    Subclasses define `shape`, `dtype` and `mv`; everything else has a default.
+    Override `rmv` (transposed product), `mm` (several vectors), `tags` and the
+    structure-aware hooks (`_diag`, `_solve`, ...) where a closed form exists.
+
+    Example:
+        >>> import jax.numpy as jnp, linops as lo
+        >>> A = lo.Dense(jnp.array([[2.0, 1.0], [0.0, 3.0]]))
+        >>> (A.T @ A + 2.0 * lo.Identity(2)) @ jnp.ones(2)
+        Array([7., 14.], dtype=float32)
+    """
+
+    # --- what a subclass provides -------------------------------------------------
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        raise NotImplementedError(f"{type(self).__name__} must define `shape`")
+
+    @property
+    def dtype(self):
+        raise NotImplementedError(f"{type(self).__name__} must define `dtype`")
+
+    @property
+    def tags(self) -> frozenset:
+        return frozenset()
+
+    def mv(self, v: jax.Array) -> jax.Array:
+        """Apply the operator to one vector of shape ``(n,)``."""
+        raise NotImplementedError(f"{type(self).__name__} must define `mv`")
+
+    def rmv(self, u: jax.Array) -> jax.Array:
+        """Apply the transpose to one vector of shape ``(m,)`` (default: a VJP of `mv`)."""
+        zeros = jnp.zeros(self.shape[1], self.dtype)
+        _, vjp = jax.vjp(self.mv, zeros)
+        return vjp(u.astype(self.dtype))[0]
+
+    def mm(self, V: jax.Array) -> jax.Array:
+        """Apply the operator to the columns of ``V``, shape ``(n, k)``."""
+        return jax.vmap(self.mv, in_axes=1, out_axes=1)(V)
+
+    def rmm(self, U: jax.Array) -> jax.Array:
+        return jax.vmap(self.rmv, in_axes=1, out_axes=1)(U)
+
+    def transpose(self) -> LinearOperator:
+        from linops._composite import Transpose
+
+        return Transpose(self)
+
+    # --- closed forms: return NotImplemented where the structure gives none ---------
+
+    def _diag(self):
+        return NotImplemented
+
+    def _solve(self, b):
+        """``A^{-1} b`` for ``b`` of shape ``(n,)`` or ``(n, k)``."""
+        return NotImplemented
+
+    def _inv(self):
+        """A structured operator equal to ``A^{-1}``."""
+        return NotImplemented
+
+    def _pinv(self, rtol):
+        return NotImplemented
+
+    def _sqrt(self):
+        """The principal (symmetric PSD) square root, as an operator."""
+        return NotImplemented
+
+    def _logdet(self):
+        """``log |det A|``."""
+        return NotImplemented
+
+    def _eigh(self):
+        """``(eigenvalues ascending, eigenvectors as an orthogonal operator)``."""
+        return NotImplemented
+
+    def _trace(self):
+        d = self._diag()
+        return NotImplemented if d is NotImplemented else jnp.sum(d)
+
+    # --- structure used by simplify and by the tag rules ---------------------------
+
+    def children(self) -> tuple[LinearOperator, ...]:
+        """Operands of a composite; leaves have none."""
+        return ()
+
+    def with_children(self, children: tuple[LinearOperator, ...]) -> LinearOperator:
+        """The same node over new operands (composites override)."""
+        assert not children
+        return self
+
+    def signature(self) -> Hashable:
+        """A hashable identity: equal signatures mean the same linear map.
+
+        Leaves holding data are identified by their stable key, leaves without data by
+        their static structure, composites by their operands' signatures.
+        """
+        uid = getattr(self, "uid", None)
+        if uid is not None:
+            return (type(self).__name__, uid)
+        return (type(self).__name__, self.shape, str(self.dtype))
+
+    # --- derived ------------------------------------------------------------------
+
+    @property
+    def T(self) -> LinearOperator:
+        return self.transpose()
+
+    @property
+    def is_square(self) -> bool:
+        return self.shape[0] == self.shape[1]
+
+    def as_matrix(self) -> jax.Array:
+        """The dense ``(m, n)`` matrix. Always an explicit request: costs ``n`` products."""
+        return self.mm(jnp.eye(self.shape[1], dtype=self.dtype))
+
+    def apply(self, x: jax.Array) -> jax.Array:
+        """``A @ x`` for ``x`` of shape ``(n,)`` or ``(n, k)``, with a checked shape."""
+        x = jnp.asarray(x)
+        if x.ndim not in (1, 2) or x.shape[0] != self.shape[1]:
+            raise ValueError(
+                f"{describe(self)} @ x: expected x of shape ({self.shape[1]},) or "
+                f"({self.shape[1]}, k), got {tuple(x.shape)}"
+            )
+        return self.mv(x) if x.ndim == 1 else self.mm(x)
+
+    # --- syntax -------------------------------------------------------------------
+
+    def __matmul__(self, other):
+        if isinstance(other, LinearOperator):
+            from linops._composite import Product
+
+            return Product((self, other))
+        if isinstance(other, (jax.Array, np.ndarray, list, tuple)):
+            return self.apply(other)
+        return NotImplemented
+
+    def __rmatmul__(self, other):
+        if isinstance(other, (jax.Array, np.ndarray, list, tuple)):
+            x = jnp.asarray(other)
+            if x.ndim == 1:
+                return self.T.apply(x)
+            if x.ndim == 2:
+                return self.T.apply(x.T).T
+            raise ValueError(f"x @ {describe(self)}: x must be 1-D or 2-D, got {x.shape}")
+        return NotImplemented
+
+    def __add__(self, other):
+        if not isinstance(other, LinearOperator):
+            return NotImplemented
+        from linops._composite import Sum
+
+        return Sum((self, other))
+
+    def __sub__(self, other):
+        if not isinstance(other, LinearOperator):
+            return NotImplemented
+        from linops._composite import Scaled, Sum
+
+        return Sum((self, Scaled(-1.0, other)))
+
+    def __neg__(self):
+        from linops._composite import Scaled
+
+        return Scaled(-1.0, self)
+
+    def __mul__(self, other):
+        if not is_scalar_like(other):
+            return NotImplemented
+        from linops._composite import Scaled
+
+        return Scaled(other, self)
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other):
+        if not is_scalar_like(other):
+            return NotImplemented
+        from linops._composite import Scaled
+
+        return Scaled(1.0 / other, self)
+
+
+def check_square(op: LinearOperator, what: str) -> None:
+    if not op.is_square:
+        raise ValueError(
+            f"{what}: expected a square operator, got {describe(op)}; "
+            f"{what} is only defined for square operators"
+            + (" (lo.pinv handles rectangular ones)" if what in ("solve", "inv") else "")
+        )
+
+
+def result_dtype(*ops) -> Any:
+    return jnp.result_type(*[op.dtype for op in ops])
+
+
+def user_tags(tags, shape) -> frozenset:
+    return _tags.close(tags or (), shape)

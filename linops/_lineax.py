@@ -1,0 +1,73 @@
+"""Conversion to and from lineax operators, tags included."""
+
+from __future__ import annotations
+
+import jax
+import lineax as lx
+
+from linops import _tags
+from linops._base import LinearOperator
+from linops._leaves import Dense, Diagonal, FunctionOp, Identity
+
+_TO_LINEAX = {
+    _tags.symmetric: lx.symmetric_tag,
+    _tags.psd: lx.positive_semidefinite_tag,
+    _tags.diagonal: lx.diagonal_tag,
+}
+
+
+def to_lineax(op: LinearOperator) -> lx.AbstractLinearOperator:
+    """A lineax operator with the same products and the tags lineax knows.
+
+    Example:
+        >>> import jax.numpy as jnp, lineax as lx, linops as lo
+        >>> A = lo.Diagonal(jnp.array([2.0, 4.0])) + lo.Identity(2)
+        >>> lx.linear_solve(lo.to_lineax(A), jnp.ones(2), lx.CG(rtol=1e-6, atol=1e-6)).value
+        Array([0.33333334, 0.2       ], dtype=float32)
+    """
+    if isinstance(op, Dense):
+        return lx.MatrixLinearOperator(op.matrix, _lineax_tags(op))
+    if isinstance(op, Diagonal):
+        return lx.DiagonalLinearOperator(op.d)
+    structure = jax.ShapeDtypeStruct((op.shape[1],), op.dtype)
+    if isinstance(op, Identity):
+        return lx.IdentityLinearOperator(structure)
+    return lx.FunctionLinearOperator(op.mv, structure, _lineax_tags(op))
+
+
+def _lineax_tags(op):
+    return frozenset(_TO_LINEAX[t] for t in op.tags if t in _TO_LINEAX)
+
+
+def from_lineax(op: lx.AbstractLinearOperator) -> LinearOperator:
+    """A linops operator from a lineax one with 1-D input and output structures.
+
+    Example:
+        >>> import jax.numpy as jnp, lineax as lx, linops as lo
+        >>> A = lo.from_lineax(lx.MatrixLinearOperator(jnp.eye(2), lx.positive_semidefinite_tag))
+        >>> sorted(A.tags)
+        ['psd', 'symmetric']
+    """
+    if not isinstance(op, lx.AbstractLinearOperator):
+        raise TypeError(f"from_lineax: expected a lineax.AbstractLinearOperator, got {type(op).__name__}")
+    tags = set()
+    if lx.is_symmetric(op):
+        tags.add(_tags.symmetric)
+    if lx.is_positive_semidefinite(op):
+        tags.add(_tags.psd)
+    if lx.is_diagonal(op):
+        tags.add(_tags.diagonal)
+    if isinstance(op, lx.MatrixLinearOperator):
+        return Dense(op.matrix, tags=tags)
+    if isinstance(op, lx.DiagonalLinearOperator):
+        return Diagonal(op.diagonal)
+    ins, outs = op.in_structure(), op.out_structure()
+    for name, s in (("input", ins), ("output", outs)):
+        if not isinstance(s, jax.ShapeDtypeStruct) or len(s.shape) != 1:
+            raise ValueError(
+                f"from_lineax: {type(op).__name__} has a {name} structure {s}; expected 1-D vectors "
+                "(ravel pytree-structured operators first)"
+            )
+    if isinstance(op, lx.IdentityLinearOperator) and ins.shape == outs.shape:
+        return Identity(ins.shape[0], ins.dtype)
+    return FunctionOp(op.mv, (outs.shape[0], ins.shape[0]), outs.dtype, tags=tags, rmv=op.transpose().mv)

@@ -1,0 +1,192 @@
+"""Orthogonal projectors: `ProjectorOp` (onto the row space or null space of ``M``) and `Complement`."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from linops import _tags
+from linops._base import LinearOperator, describe, new_key
+from linops._leaves import Dense, default_rtol
+
+
+class ProjectorOp(LinearOperator):
+    r"""Orthogonal projector onto $\operatorname{range}(M^\top)$ or $\ker(M)$ of a wide ``M``.
+
+    $P_{\mathrm{row}} = M^\top (M M^\top)^{+} M$ and $P_{\ker} = I - P_{\mathrm{row}}$. The
+    ``m x m`` Gram $M M^\top$ is factorised once (an eigendecomposition kept as the cached
+    factor ``W`` with $W^\top W = (M M^\top)^+$); each product then costs one product with
+    ``M``, one with ``M^T`` and an ``m x m`` matrix-vector product. Rank deficiency is
+    handled by a RELATIVE cut-off: Gram eigenvalues below ``rtol * max eigenvalue`` count as
+    zero (default ``rtol = max(m, n) * eps``, the accuracy to which the Gram's eigenvalues are
+    known), never by an absolute threshold.
+
+    Build it with `ProjectorOp.onto_row_space(M)` or `ProjectorOp.onto_null_space(M)`.
+    ``M`` may be an array or any operator (for a matrix-free ``M`` the Gram costs ``m``
+    transposed products and ``m`` products; memory ``O(n m)``).
+
+    Example:
+        >>> import jax.numpy as jnp, linops as lo
+        >>> P = lo.ProjectorOp.onto_null_space(jnp.array([[1.0, 1.0]]))
+        >>> P @ jnp.array([1.0, 0.0]), lo.trace(P)
+        (Array([ 0.5, -0.5], dtype=float32), Array(1., dtype=float32))
+    """
+
+    M: LinearOperator
+    W: jax.Array
+    rank: jax.Array
+    onto: str = eqx.field(static=True)
+    uid: object = eqx.field(static=True)
+
+    def __init__(self, M, W, rank, onto: str, uid=None):
+        if onto not in ("row_space", "null_space"):
+            raise ValueError(f"ProjectorOp: onto must be 'row_space' or 'null_space', got {onto!r}")
+        self.M, self.W, self.rank, self.onto = M, W, rank, onto
+        self.uid = new_key() if uid is None else uid
+
+    @classmethod
+    def _build(cls, M, rtol, onto):
+        if not isinstance(M, LinearOperator):
+            M = jnp.asarray(M)
+            if M.ndim != 2:
+                raise ValueError(f"ProjectorOp: M must be a 2-D array or an operator, got shape {M.shape}")
+            M = Dense(M)
+        m, n = M.shape
+        if m == 0:
+            raise ValueError(f"ProjectorOp: M = {describe(M)} has no rows")
+        if isinstance(M, Dense):
+            gram = M.matrix @ M.matrix.T
+        else:
+            gram = M.mm(M.rmm(jnp.eye(m, dtype=M.dtype)))
+        gram = 0.5 * (gram + gram.T)
+        w, Q = jnp.linalg.eigh(gram)
+        rtol = default_rtol(M.shape, w.dtype) if rtol is None else rtol
+        keep = w > rtol * jnp.max(w)
+        scale = jnp.where(keep, 1.0 / jnp.sqrt(jnp.where(keep, w, 1.0)), 0.0)
+        W = (Q * scale[None, :]).T
+        return cls(M, W, jnp.sum(keep), onto)
+
+    @classmethod
+    def onto_row_space(cls, M, *, rtol: float | None = None) -> ProjectorOp:
+        r"""Projector onto $\operatorname{range}(M^\top)$ (the span of the rows of ``M``)."""
+        return cls._build(M, rtol, "row_space")
+
+    @classmethod
+    def onto_null_space(cls, M, *, rtol: float | None = None) -> ProjectorOp:
+        r"""Projector onto $\ker M$: $I - M^\top (M M^\top)^+ M$."""
+        return cls._build(M, rtol, "null_space")
+
+    def complement(self) -> ProjectorOp:
+        """``I - P``, sharing the cached factor."""
+        other = "null_space" if self.onto == "row_space" else "row_space"
+        return ProjectorOp(self.M, self.W, self.rank, other, uid=self.uid)
+
+    @property
+    def shape(self):
+        n = self.M.shape[1]
+        return (n, n)
+
+    @property
+    def dtype(self):
+        return self.M.dtype
+
+    @property
+    def tags(self):
+        return _tags.close({_tags.projector}, self.shape)
+
+    def signature(self):
+        return ("ProjectorOp", self.uid, self.onto)
+
+    def _row(self, v):
+        inner = self.W.T @ (self.W @ (self.M.mv(v) if v.ndim == 1 else self.M.mm(v)))
+        return self.M.rmv(inner) if v.ndim == 1 else self.M.rmm(inner)
+
+    def mv(self, v):
+        row = self._row(v)
+        return row if self.onto == "row_space" else v - row
+
+    mm = rmv = rmm = mv
+
+    def transpose(self):
+        return self
+
+    def _diag(self):
+        B = self.M.rmm(self.W.T)  # (n, m): columns span the row space, orthonormal
+        row = jnp.sum(B * B, axis=1)
+        return row if self.onto == "row_space" else 1.0 - row
+
+    def _trace(self):
+        r = self.rank.astype(self.dtype)
+        return r if self.onto == "row_space" else self.shape[0] - r
+
+    def _pinv(self, rtol):
+        return self
+
+    def _sqrt(self):
+        return self
+
+
+class Complement(LinearOperator):
+    """``I - P`` for an operator ``P`` tagged ``projector`` (itself a projector).
+
+    Example:
+        >>> import jax.numpy as jnp, linops as lo
+        >>> P = lo.Dense(jnp.array([[1.0, 0.0], [0.0, 0.0]]), tags={"projector"})
+        >>> lo.Complement(P) @ jnp.ones(2)
+        Array([0., 1.], dtype=float32)
+    """
+
+    op: LinearOperator
+
+    def __init__(self, op: LinearOperator):
+        if _tags.projector not in op.tags:
+            raise ValueError(f"Complement: {describe(op)} is not tagged projector (its tags: {sorted(op.tags)})")
+        self.op = op
+
+    @property
+    def shape(self):
+        return tuple(self.op.shape)
+
+    @property
+    def dtype(self):
+        return self.op.dtype
+
+    @property
+    def tags(self):
+        return _tags.close({_tags.projector}, self.shape)
+
+    def children(self):
+        return (self.op,)
+
+    def with_children(self, children):
+        return Complement(children[0])
+
+    def signature(self):
+        return ("Complement", self.op.signature())
+
+    def mv(self, v):
+        return v - self.op.mv(v)
+
+    def mm(self, V):
+        return V - self.op.mm(V)
+
+    rmv = mv
+    rmm = mm
+
+    def transpose(self):
+        return self
+
+    def _diag(self):
+        d = self.op._diag()
+        return d if d is NotImplemented else 1.0 - d
+
+    def _trace(self):
+        t = self.op._trace()
+        return t if t is NotImplemented else self.shape[0] - t
+
+    def _pinv(self, rtol):
+        return self
+
+    def _sqrt(self):
+        return self

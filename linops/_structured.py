@@ -1,0 +1,392 @@
+"""Structured leaves: `LowRank`, `Selection`, `BlockDiagonal`, `Kronecker`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linops import _tags
+from linops._base import LinearOperator, new_key, result_dtype
+from linops._leaves import as_matrix_array, cutoff_inverse, is_known_nonnegative
+
+
+class LowRank(LinearOperator):
+    r"""The rank-$k$ operator $U \operatorname{diag}(d) V^\top$ (symmetric when `V` is omitted).
+
+    Args:
+        U: ``(m, k)``.
+        d: ``(k,)``.
+        V: ``(n, k)``; omit it for the symmetric ``U diag(d) U^T``.
+        orthonormal: promise that the columns of ``U`` are orthonormal (Lanczos and
+            eigendecompositions give such factors). It unlocks closed forms for `sqrt`,
+            `pinv` and `eigh`-free shifts.
+        nonnegative: declare ``d >= 0`` (read from concrete values by default).
+
+    Example:
+        >>> import jax.numpy as jnp, linops as lo
+        >>> U = jnp.array([[1.0], [0.0]])
+        >>> A = lo.LowRank(U, jnp.array([3.0])) + 2.0 * lo.Identity(2)
+        >>> lo.solve(A, jnp.array([5.0, 2.0])).value   # Woodbury, never densified
+        Array([1., 1.], dtype=float32)
+    """
+
+    U: jax.Array
+    d: jax.Array
+    V: jax.Array | None
+    orthonormal: bool = eqx.field(static=True)
+    nonnegative: bool = eqx.field(static=True)
+    uid: int = eqx.field(static=True)
+
+    def __init__(self, U, d, V=None, *, orthonormal: bool = False, nonnegative: bool | None = None):
+        U = as_matrix_array(U, "LowRank U", 2)
+        d = as_matrix_array(d, "LowRank d", 1)
+        if d.shape[0] != U.shape[1]:
+            raise ValueError(f"LowRank: U is {U.shape} so d must have {U.shape[1]} entries, got {d.shape}")
+        if V is not None:
+            V = as_matrix_array(V, "LowRank V", 2)
+            if V.shape[1] != U.shape[1]:
+                raise ValueError(f"LowRank: U is {U.shape} so V must have {U.shape[1]} columns, got {V.shape}")
+        self.U, self.d, self.V = U, d, V
+        self.orthonormal = bool(orthonormal)
+        self.nonnegative = is_known_nonnegative(d, nonnegative)
+        self.uid = new_key()
+
+    @property
+    def Vm(self):
+        return self.U if self.V is None else self.V
+
+    @property
+    def shape(self):
+        return (self.U.shape[0], self.Vm.shape[0])
+
+    @property
+    def dtype(self):
+        return jnp.result_type(self.U.dtype, self.d.dtype)
+
+    @property
+    def symmetric(self) -> bool:
+        return self.V is None
+
+    @property
+    def tags(self):
+        if not self.symmetric:
+            return frozenset()
+        return _tags.close({_tags.symmetric} | ({_tags.psd} if self.nonnegative else set()), self.shape)
+
+    def mv(self, v):
+        return self.U @ (self.d * (self.Vm.T @ v))
+
+    def mm(self, V):
+        return self.U @ (self.d[:, None] * (self.Vm.T @ V))
+
+    def rmv(self, u):
+        return self.Vm @ (self.d * (self.U.T @ u))
+
+    def rmm(self, U):
+        return self.Vm @ (self.d[:, None] * (self.U.T @ U))
+
+    def transpose(self):
+        return self if self.symmetric else super().transpose()
+
+    def _diag(self):
+        return jnp.einsum("ik,k,ik->i", self.U, self.d, self.Vm)
+
+    def _sqrt(self):
+        if self.symmetric and self.orthonormal and self.nonnegative:
+            return LowRank(self.U, jnp.sqrt(self.d), orthonormal=True, nonnegative=True)
+        return NotImplemented
+
+    def _pinv(self, rtol):
+        if self.symmetric and self.orthonormal:
+            return LowRank(self.U, cutoff_inverse(self.d, rtol, self.shape), orthonormal=True,
+                           nonnegative=self.nonnegative or None)
+        return NotImplemented
+
+
+class Selection(LinearOperator):
+    r"""Restriction to an index set: $(S v)_i = v_{\text{indices}_i}$, shape ``(k, n)``.
+
+    Its transpose embeds a ``(k,)`` vector into zeros of length ``n``;
+    `simplify` rewrites restriction-after-embedding ``S @ S.T`` to the identity.
+
+    Args:
+        indices: ``k`` distinct integers in ``[0, n)``.
+        n: the size of the full space.
+
+    Example:
+        >>> import jax.numpy as jnp, linops as lo
+        >>> S = lo.Selection(jnp.array([2, 0]), 3)
+        >>> S @ jnp.array([10.0, 11.0, 12.0]), S.T @ jnp.array([1.0, 2.0])
+        (Array([12., 10.], dtype=float32), Array([2., 0., 1.], dtype=float32))
+    """
+
+    indices: jax.Array
+    n: int = eqx.field(static=True)
+    is_permutation: bool = eqx.field(static=True)
+    dtype_: np.dtype = eqx.field(static=True)
+    uid: int = eqx.field(static=True)
+
+    def __init__(self, indices, n: int, *, dtype=None, is_permutation: bool | None = None):
+        from linops._leaves import default_float
+
+        indices = jnp.asarray(indices)
+        if indices.ndim != 1 or not jnp.issubdtype(indices.dtype, jnp.integer):
+            raise ValueError(f"Selection: indices must be a 1-D integer array, got {indices.dtype}{indices.shape}")
+        if not isinstance(indices, jax.core.Tracer):
+            idx = np.asarray(indices)
+            if idx.size and (idx.min() < 0 or idx.max() >= n):
+                raise ValueError(f"Selection: indices must lie in [0, {n}), got range [{idx.min()}, {idx.max()}]")
+            if np.unique(idx).size != idx.size:
+                raise ValueError("Selection: indices must be distinct (a repeated index is not a restriction)")
+            if is_permutation is None:
+                is_permutation = idx.size == n
+        self.indices = indices
+        self.n = int(n)
+        self.is_permutation = bool(is_permutation)
+        self.dtype_ = np.dtype(default_float() if dtype is None else dtype)
+        self.uid = new_key()
+
+    @property
+    def shape(self):
+        return (self.indices.shape[0], self.n)
+
+    @property
+    def dtype(self):
+        return self.dtype_
+
+    @property
+    def tags(self):
+        return frozenset({_tags.orthogonal}) if self.is_permutation else frozenset()
+
+    def mv(self, v):
+        return v[self.indices]
+
+    mm = mv
+
+    def rmv(self, u):
+        return jnp.zeros((self.n,) + u.shape[1:], u.dtype).at[self.indices].set(u)
+
+    rmm = rmv
+
+    def _inv(self):
+        return self.T if self.is_permutation else NotImplemented
+
+
+def _split_points(sizes):
+    return list(np.cumsum(sizes)[:-1])
+
+
+class BlockDiagonal(LinearOperator):
+    """Block-diagonal operator ``diag(A_1, ..., A_k)`` (blocks may be rectangular).
+
+    Example:
+        >>> import jax.numpy as jnp, linops as lo
+        >>> B = lo.BlockDiagonal([lo.Identity(1), lo.Diagonal(jnp.array([2.0, 3.0]))])
+        >>> lo.diag(B)
+        Array([1., 2., 3.], dtype=float32)
+    """
+
+    blocks: tuple
+
+    def __init__(self, blocks: Sequence[LinearOperator]):
+        blocks = tuple(blocks)
+        if not blocks or not all(isinstance(b, LinearOperator) for b in blocks):
+            raise ValueError("BlockDiagonal: expected a non-empty sequence of LinearOperators")
+        self.blocks = blocks
+
+    @property
+    def shape(self):
+        return (sum(b.shape[0] for b in self.blocks), sum(b.shape[1] for b in self.blocks))
+
+    @property
+    def dtype(self):
+        return result_dtype(*self.blocks)
+
+    @property
+    def tags(self):
+        if any(not b.is_square for b in self.blocks):
+            return frozenset()
+        common = frozenset.intersection(*(b.tags for b in self.blocks))
+        return _tags.close(common, self.shape)
+
+    def children(self):
+        return self.blocks
+
+    def with_children(self, children):
+        return BlockDiagonal(children)
+
+    def signature(self):
+        return ("BlockDiagonal",) + tuple(b.signature() for b in self.blocks)
+
+    def _apply(self, x, fn, axis_sizes):
+        parts = jnp.split(x, _split_points(axis_sizes), axis=0)
+        return jnp.concatenate([fn(b, p) for b, p in zip(self.blocks, parts)], axis=0)
+
+    def mv(self, v):
+        return self._apply(v, lambda b, p: b.mv(p), [b.shape[1] for b in self.blocks])
+
+    def mm(self, V):
+        return self._apply(V, lambda b, p: b.mm(p), [b.shape[1] for b in self.blocks])
+
+    def rmv(self, u):
+        return self._apply(u, lambda b, p: b.rmv(p), [b.shape[0] for b in self.blocks])
+
+    def rmm(self, U):
+        return self._apply(U, lambda b, p: b.rmm(p), [b.shape[0] for b in self.blocks])
+
+    def transpose(self):
+        return BlockDiagonal([b.T for b in self.blocks])
+
+    def _per_block(self, method, *args):
+        outs = [getattr(b, method)(*args) for b in self.blocks]
+        return NotImplemented if any(o is NotImplemented for o in outs) else outs
+
+    def _diag(self):
+        outs = self._per_block("_diag")
+        return outs if outs is NotImplemented else jnp.concatenate(outs)
+
+    def _solve(self, b):
+        from linops._functions import solve
+
+        return self._apply(b, lambda blk, p: solve(blk, p).value, [blk.shape[0] for blk in self.blocks])
+
+    def _inv(self):
+        from linops._functions import inv
+
+        return BlockDiagonal([inv(b) for b in self.blocks])
+
+    def _logdet(self):
+        outs = self._per_block("_logdet")
+        return outs if outs is NotImplemented else sum(outs)
+
+    def _pinv(self, rtol):
+        outs = self._per_block("_pinv", rtol)
+        return outs if outs is NotImplemented else BlockDiagonal(outs)
+
+    def _sqrt(self):
+        outs = self._per_block("_sqrt")
+        return outs if outs is NotImplemented else BlockDiagonal(outs)
+
+    def _eigh(self):
+        outs = self._per_block("_eigh")
+        if outs is NotImplemented:
+            return outs
+        w = jnp.concatenate([o[0] for o in outs])
+        order = jnp.argsort(w)
+        Q = BlockDiagonal([o[1] for o in outs]) @ Selection(order, w.shape[0], is_permutation=True).T
+        return w[order], Q
+
+
+class Kronecker(LinearOperator):
+    r"""The Kronecker product $A \otimes B$ (row-major: $(A \otimes B)\,\mathrm{vec}(X) = \mathrm{vec}(A X B^\top)$).
+
+    Example:
+        >>> import jax.numpy as jnp, linops as lo
+        >>> K = lo.Kronecker(lo.Diagonal(jnp.array([1.0, 2.0])), lo.Diagonal(jnp.array([1.0, 3.0])))
+        >>> lo.diag(K), lo.logdet(K)
+        (Array([1., 3., 2., 6.], dtype=float32), Array(2.4849067, dtype=float32))
+    """
+
+    A: LinearOperator
+    B: LinearOperator
+
+    def __init__(self, A: LinearOperator, B: LinearOperator):
+        for name, op in (("A", A), ("B", B)):
+            if not isinstance(op, LinearOperator):
+                raise TypeError(f"Kronecker: {name} must be a LinearOperator, got {type(op).__name__}")
+        self.A, self.B = A, B
+
+    @property
+    def shape(self):
+        return (self.A.shape[0] * self.B.shape[0], self.A.shape[1] * self.B.shape[1])
+
+    @property
+    def dtype(self):
+        return result_dtype(self.A, self.B)
+
+    @property
+    def tags(self):
+        a, b = self.A.tags, self.B.tags
+        if _tags.zero in a or _tags.zero in b:
+            return _tags.close({_tags.zero}, self.shape)
+        if not (self.A.is_square and self.B.is_square):
+            return frozenset()
+        keep = {_tags.symmetric, _tags.psd, _tags.diagonal, _tags.orthogonal, _tags.identity, _tags.projector}
+        return _tags.close(a & b & keep, self.shape)
+
+    def children(self):
+        return (self.A, self.B)
+
+    def with_children(self, children):
+        return Kronecker(*children)
+
+    def signature(self):
+        return ("Kronecker", self.A.signature(), self.B.signature())
+
+    def _apply(self, x, fa, fb, n_in):
+        (na, nb) = n_in
+        k = x.shape[1:]
+        X = x.reshape((na, nb) + k)
+        if not k:
+            Y = fa(self.A, X)  # (ma, nb)
+            return fb(self.B, Y.T).T.reshape(-1)
+        # several vectors: fold the trailing axis into the matrix columns.
+        Y = jax.vmap(lambda Xi: fb(self.B, fa(self.A, Xi).T).T, in_axes=2, out_axes=2)(X)
+        return Y.reshape((-1,) + k)
+
+    def mv(self, v):
+        return self._apply(v, lambda op, X: op.mm(X), lambda op, X: op.mm(X), (self.A.shape[1], self.B.shape[1]))
+
+    def rmv(self, u):
+        return self._apply(u, lambda op, X: op.rmm(X), lambda op, X: op.rmm(X), (self.A.shape[0], self.B.shape[0]))
+
+    mm = mv
+    rmm = rmv
+
+    def transpose(self):
+        return Kronecker(self.A.T, self.B.T)
+
+    def _both(self, method, *args):
+        a, b = getattr(self.A, method)(*args), getattr(self.B, method)(*args)
+        return NotImplemented if (a is NotImplemented or b is NotImplemented) else (a, b)
+
+    def _diag(self):
+        ab = self._both("_diag")
+        return ab if ab is NotImplemented else jnp.kron(*ab)
+
+    def _solve(self, b):
+        inv = self._inv()
+        return inv.mv(b) if b.ndim == 1 else inv.mm(b)
+
+    def _inv(self):
+        from linops._functions import inv
+
+        return Kronecker(inv(self.A), inv(self.B))
+
+    def _logdet(self):
+        ab = self._both("_logdet")
+        if ab is NotImplemented:
+            return ab
+        return self.B.shape[0] * ab[0] + self.A.shape[0] * ab[1]
+
+    def _pinv(self, rtol):
+        ab = self._both("_pinv", rtol)
+        return ab if ab is NotImplemented else Kronecker(*ab)
+
+    def _sqrt(self):
+        ab = self._both("_sqrt")
+        return ab if ab is NotImplemented else Kronecker(*ab)
+
+    def _eigh(self):
+        ab = self._both("_eigh")
+        if ab is NotImplemented:
+            return ab
+        (wa, Qa), (wb, Qb) = ab
+        w = jnp.kron(wa, wb)
+        order = jnp.argsort(w)
+        Q = Kronecker(Qa, Qb) @ Selection(order, w.shape[0], is_permutation=True).T
+        return w[order], Q
