@@ -50,7 +50,7 @@ class LinearOperator(eqx.Module):
         >>> import jax.numpy as jnp, linops as lo
         >>> A = lo.Dense(jnp.array([[2.0, 1.0], [0.0, 3.0]]))
         >>> (A.T @ A + 2.0 * lo.Identity(2)) @ jnp.ones(2)
-        Array([7., 14.], dtype=float32)
+        Array([ 8., 14.], dtype=float32)
     """
 
     # --- what a subclass provides -------------------------------------------------
@@ -200,6 +200,8 @@ class LinearOperator(eqx.Module):
             return NotImplemented
         from linops._composite import Scaled, Sum
 
+        if tuple(self.shape) != tuple(other.shape):
+            raise ValueError(f"Sum: cannot add {describe(self)} and {describe(other)}: shapes differ")
         return Sum((self, Scaled(-1.0, other)))
 
     def __neg__(self):

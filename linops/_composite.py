@@ -253,7 +253,8 @@ class Scaled(LinearOperator):
 
     @property
     def dtype(self):
-        return jnp.result_type(self.op.dtype, self.scalar.dtype)
+        # `self.scalar` (not its dtype) so a Python number stays weakly typed: 2.0 * A keeps A's dtype.
+        return jnp.result_type(self.op.dtype, self.scalar)
 
     @property
     def tags(self):
@@ -269,7 +270,7 @@ class Scaled(LinearOperator):
         return ("Scaled", self.uid, self.op.signature())
 
     def _c(self, x):
-        return self.scalar.astype(jnp.result_type(self.scalar.dtype, x.dtype)) * x
+        return self.scalar.astype(jnp.result_type(self.scalar, x)) * x
 
     def mv(self, v):
         return self._c(self.op.mv(v))

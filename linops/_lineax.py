@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import lineax as lx
 
 from linops import _tags
-from linops._base import LinearOperator
-from linops._leaves import Dense, Diagonal, FunctionOp, Identity
+from linops._base import LinearOperator, new_key, user_tags
+from linops._leaves import Dense, Diagonal, Identity
 
 _TO_LINEAX = {
     _tags.symmetric: lx.symmetric_tag,
@@ -70,4 +71,35 @@ def from_lineax(op: lx.AbstractLinearOperator) -> LinearOperator:
             )
     if isinstance(op, lx.IdentityLinearOperator) and ins.shape == outs.shape:
         return Identity(ins.shape[0], ins.dtype)
-    return FunctionOp(op.mv, (outs.shape[0], ins.shape[0]), outs.dtype, tags=tags, rmv=op.transpose().mv)
+    return LineaxOp(op, frozenset(tags))
+
+
+class LineaxOp(LinearOperator):
+    """A lineax operator seen as a linops leaf (built by `from_lineax`); its arrays stay pytree leaves."""
+
+    lineax_op: lx.AbstractLinearOperator
+    declared: frozenset = eqx.field(static=True)
+    uid: int = eqx.field(static=True)
+
+    def __init__(self, lineax_op: lx.AbstractLinearOperator, tags=frozenset()):
+        self.lineax_op = lineax_op
+        self.declared = user_tags(tags, self.shape)
+        self.uid = new_key()
+
+    @property
+    def shape(self):
+        return (self.lineax_op.out_size(), self.lineax_op.in_size())
+
+    @property
+    def dtype(self):
+        return self.lineax_op.out_structure().dtype
+
+    @property
+    def tags(self):
+        return self.declared
+
+    def mv(self, v):
+        return self.lineax_op.mv(v)
+
+    def rmv(self, u):
+        return self.lineax_op.transpose().mv(u)

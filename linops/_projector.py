@@ -22,6 +22,9 @@ class ProjectorOp(LinearOperator):
     zero (default ``rtol = max(m, n) * eps``, the accuracy to which the Gram's eigenvalues are
     known), never by an absolute threshold.
 
+    Working through the Gram squares the condition number: expect errors of order
+    $\epsilon\,\kappa(M)^2$, so use float64 for ill-conditioned ``M`` in float32 workloads.
+
     Build it with `ProjectorOp.onto_row_space(M)` or `ProjectorOp.onto_null_space(M)`.
     ``M`` may be an array or any operator (for a matrix-free ``M`` the Gram costs ``m``
     transposed products and ``m`` products; memory ``O(n m)``).
@@ -29,7 +32,7 @@ class ProjectorOp(LinearOperator):
     Example:
         >>> import jax.numpy as jnp, linops as lo
         >>> P = lo.ProjectorOp.onto_null_space(jnp.array([[1.0, 1.0]]))
-        >>> P @ jnp.array([1.0, 0.0]), lo.trace(P)
+        >>> (P @ jnp.array([1.0, 0.0])).round(4), lo.trace(P)
         (Array([ 0.5, -0.5], dtype=float32), Array(1., dtype=float32))
     """
 

@@ -29,10 +29,11 @@ def _terms(op, scale=1.0):
 
 
 def split(op):
-    """``(D, [(U, c, V), ...], scalar_D)`` for a diagonal-plus-low-rank sum, else None.
+    """``(D, [(U, c, V, leaf), ...], scalar_D)`` for a diagonal-plus-low-rank sum, else None.
 
-    ``D`` is an ``(n,)`` vector (or a scalar when ``scalar_D``); ``None`` when the sum has
-    no diagonal part (then it is singular whenever its rank is below ``n``).
+    ``D`` is an ``(n,)`` vector (or a scalar when ``scalar_D``). None when a term is of
+    another kind or when there is no diagonal part (no closed form: a sum of low-rank
+    terms alone is singular whenever its rank is below ``n``).
     """
     try:
         terms = list(_terms(op))
@@ -48,7 +49,7 @@ def split(op):
         part = c if kind is Identity else c * leaf.d
         scalar_D = scalar_D and kind is Identity
         D = part if D is None else D + part
-    if D is None or not lowrank:
+    if D is None:
         return None
     return D, lowrank, scalar_D
 
@@ -67,9 +68,11 @@ def solve(op, b):
     if parts is None:
         return NotImplemented
     D, lowrank, _ = parts
-    DinvU, c, V, K = _capacitance(D, lowrank)
     Dcol = D if jnp.ndim(D) == 0 or b.ndim == 1 else D[:, None]
     Z = b / Dcol
+    if not lowrank:
+        return Z
+    DinvU, c, V, K = _capacitance(D, lowrank)
     inner = jnp.linalg.solve(K, V.T @ Z if b.ndim == 2 else (V.T @ Z)[:, None])
     inner = inner if b.ndim == 2 else inner[:, 0]
     return Z - DinvU @ (c[:, None] * inner if b.ndim == 2 else c * inner)
@@ -80,9 +83,11 @@ def logdet(op):
     if parts is None:
         return NotImplemented
     D, lowrank, scalar_D = parts
-    _, _, _, K = _capacitance(D, lowrank)
     n = op.shape[0]
     log_det_D = n * jnp.log(jnp.abs(D)) if scalar_D else jnp.sum(jnp.log(jnp.abs(D)))
+    if not lowrank:
+        return log_det_D
+    _, _, _, K = _capacitance(D, lowrank)
     return log_det_D + jnp.linalg.slogdet(K)[1]
 
 
@@ -95,12 +100,14 @@ def sqrt(op):
     if parts is None or _tags.psd not in op.tags:
         return NotImplemented
     D, lowrank, scalar_D = parts
+    n = op.shape[0]
+    if not lowrank:
+        return Diagonal(jnp.sqrt(jnp.broadcast_to(D, (n,))), nonnegative=True)
     if not scalar_D or len(lowrank) != 1:
         return NotImplemented
     U, d, V, leaf = lowrank[0]
     if not (leaf.symmetric and leaf.orthonormal):
         return NotImplemented
     rc = jnp.sqrt(D)
-    n = op.shape[0]
     return Sum((Scaled(rc, Identity(n, op.dtype), nonnegative=True),
                 LowRank(U, jnp.sqrt(jnp.clip(D + d, 0.0)) - rc, orthonormal=True)))

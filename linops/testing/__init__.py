@@ -139,8 +139,9 @@ def assert_symmetric(A: LinearOperator, *, seed: int = 0, num_probes: int = 8, r
 def assert_psd(A: LinearOperator, *, seed: int = 0, num_probes: int = 8, rtol=None) -> None:
     r"""Assert ``A`` is symmetric positive semi-definite.
 
-    Small operators: the smallest eigenvalue is $\ge -\mathrm{rtol}\cdot\max|\lambda|$. Large ones:
-    $v^\top A v \ge -\mathrm{rtol}\,\|A v\|\|v\|$ on probes (a necessary condition only).
+    Small operators: the smallest eigenvalue is $\ge -(\mathrm{rtol}\cdot\max|\lambda| + \epsilon^{3/4})$.
+    Large ones: $v^\top A v \ge -(\mathrm{rtol}\,\|A v\|\|v\| + \epsilon^{3/4}\|v\|^2)$ on probes (a
+    necessary condition only). The $\epsilon^{3/4}$ term admits rounding relative to the probes.
 
     Example:
         >>> import jax.numpy as jnp, linops as lo
@@ -151,13 +152,16 @@ def assert_psd(A: LinearOperator, *, seed: int = 0, num_probes: int = 8, rtol=No
     n = A.shape[0]
     if _small(A):
         w = np.linalg.eigvalsh(np.asarray(A @ jnp.eye(n, dtype=A.dtype)))
-        if w.min() < -rtol * max(abs(w).max(), 1e-300):
+        floor = float(np.finfo(np.dtype(A.dtype)).eps) ** 0.75  # rounding, relative to unit probes
+        if w.min() < -(rtol * abs(w).max() + floor):
             raise AssertionError(f"{describe(A)} is not PSD: smallest eigenvalue {w.min():.3e}")
         return
     V = _probes(seed, n, num_probes, A.dtype)
     AV = A @ V
     q = np.asarray(jnp.sum(V * AV, axis=0))
-    bound = rtol * np.asarray(jnp.linalg.norm(AV, axis=0) * jnp.linalg.norm(V, axis=0))
+    nv = jnp.linalg.norm(V, axis=0)
+    floor = float(np.finfo(np.dtype(A.dtype)).eps) ** 0.75 * nv**2
+    bound = np.asarray(rtol * jnp.linalg.norm(AV, axis=0) * nv + floor)
     if (q < -bound).any():
         raise AssertionError(f"{describe(A)} is not PSD: v^T A v = {q.min():.3e} on a probe")
 
