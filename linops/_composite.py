@@ -108,7 +108,7 @@ class Product(LinearOperator):
         factors = tuple(factors)
         if not factors:
             raise ValueError("Product: expected at least one operator")
-        for left, right in zip(factors[:-1], factors[1:]):
+        for left, right in zip(factors[:-1], factors[1:], strict=True):
             if left.shape[1] != right.shape[0]:
                 raise ValueError(
                     f"Product: cannot compose {describe(left)} @ {describe(right)}: "

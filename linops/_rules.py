@@ -64,7 +64,7 @@ def simplify(op: LinearOperator, rules: list[Rule] | None = None) -> LinearOpera
         children = node.children()
         if children:
             new = tuple(rewrite(c) for c in children)
-            if any(a is not b for a, b in zip(new, children)):
+            if any(a is not b for a, b in zip(new, children, strict=True)):
                 node = node.with_children(new)
         for rule in rules:
             try:
@@ -217,7 +217,7 @@ class ComplementaryProjectors(Rule):
     def apply(self, op):
         if not isinstance(op, Product):
             raise NoReduction
-        for a, b in zip(op.factors[:-1], op.factors[1:]):
+        for a, b in zip(op.factors[:-1], op.factors[1:], strict=True):
             if _complementary(a, b):
                 return Zero(*op.shape, dtype=op.dtype)
         raise NoReduction

@@ -224,7 +224,7 @@ class BlockDiagonal(LinearOperator):
 
     def _apply(self, x, fn, axis_sizes):
         parts = jnp.split(x, _split_points(axis_sizes), axis=0)
-        return jnp.concatenate([fn(b, p) for b, p in zip(self.blocks, parts)], axis=0)
+        return jnp.concatenate([fn(b, p) for b, p in zip(self.blocks, parts, strict=True)], axis=0)
 
     def mv(self, v):
         return self._apply(v, lambda b, p: b.mv(p), [b.shape[1] for b in self.blocks])

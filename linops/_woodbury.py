@@ -92,9 +92,10 @@ def logdet(op):
 
 
 def sqrt(op):
-    r"""$\sqrt{cI + U \operatorname{diag}(d) U^\top} = \sqrt{c} I + U \operatorname{diag}(\sqrt{c+d} - \sqrt{c}) U^\top$.
+    r"""The principal square root of $cI + U \operatorname{diag}(d) U^\top$ with orthonormal $U$.
 
-    Needs one symmetric low-rank term with orthonormal ``U`` and a PSD sum.
+    It is $\sqrt{c} I + U \operatorname{diag}(\sqrt{c+d} - \sqrt{c}) U^\top$. Needs one
+    symmetric low-rank term with orthonormal ``U`` and a PSD sum.
     """
     parts = split(op)
     if parts is None or _tags.psd not in op.tags:
