@@ -92,7 +92,7 @@ def rectangular(draw, m: int, n: int, dtype=np.float64) -> Case:
 SQUARE_KINDS = (
     "dense", "dense_psd", "dense_symmetric", "diagonal", "diagonal_positive", "identity", "zero",
     "lowrank", "lowrank_orthonormal", "lowrank_general", "function", "block_diagonal", "kronecker",
-    "projector_row", "projector_null", "complement", "mask", "permutation", "inverse_spd",
+    "projector_row", "projector_null", "complement", "mask", "permutation", "inverse_spd", "lineax",
 )
 
 
@@ -184,6 +184,12 @@ def operators(draw, n: int | None = None, dtype=np.float64, kinds=SQUARE_KINDS) 
     if kind == "permutation":
         perm = rng.permutation(n)
         return Case(lo.Selection(jnp.asarray(perm), n, dtype=dtype), np.eye(n)[perm])
+    if kind == "lineax":
+        import lineax as lx
+
+        M = rng.standard_normal((n, n))
+        Mj = a(M)
+        return Case(lo.from_lineax(lx.FunctionLinearOperator(lambda v: Mj @ v, Mj[0])), M)
     assert kind == "inverse_spd"
     M = _spd(rng, n)
     return Case(lo.inv(lo.Dense(a(M), tags={"psd"})), np.linalg.inv(M))
