@@ -75,16 +75,25 @@ def from_lineax(op: lx.AbstractLinearOperator) -> LinearOperator:
 
 
 class LineaxOp(LinearOperator):
-    """A lineax operator seen as a linops leaf (built by `from_lineax`); its arrays stay pytree leaves."""
+    """A lineax operator seen as a linops leaf (built by `from_lineax`).
 
-    lineax_op: lx.AbstractLinearOperator
+    Its arrays stay pytree leaves; everything else (a closure-converted function, say) is
+    kept as static data, so the operator also passes through a plain `jax.jit`.
+    """
+
+    arrays: object
+    rest: object = eqx.field(static=True)
     declared: frozenset = eqx.field(static=True)
     uid: int = eqx.field(static=True)
 
     def __init__(self, lineax_op: lx.AbstractLinearOperator, tags=frozenset()):
-        self.lineax_op = lineax_op
+        self.arrays, self.rest = eqx.partition(lineax_op, eqx.is_array)
         self.declared = user_tags(tags, self.shape)
         self.uid = new_key()
+
+    @property
+    def lineax_op(self) -> lx.AbstractLinearOperator:
+        return eqx.combine(self.arrays, self.rest)
 
     @property
     def shape(self):
