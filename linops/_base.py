@@ -10,6 +10,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, ArrayLike, Inexact
 
 from linops import _tags
 
@@ -67,7 +68,7 @@ class LinearOperator(eqx.Module):
     def tags(self) -> frozenset:
         return frozenset()
 
-    def mv(self, v: jax.Array) -> jax.Array:
+    def mv(self, v: Inexact[Array, " n"]) -> Inexact[Array, " m"]:
         """Apply the operator to one vector of shape ``(n,)``."""
         raise NotImplementedError(f"{type(self).__name__} must define `mv`")
 
@@ -157,7 +158,7 @@ class LinearOperator(eqx.Module):
         """The dense ``(m, n)`` matrix. Always an explicit request: costs ``n`` products."""
         return self.mm(jnp.eye(self.shape[1], dtype=self.dtype))
 
-    def apply(self, x: jax.Array) -> jax.Array:
+    def apply(self, x: Inexact[ArrayLike, "n *k"]) -> Inexact[Array, "m *k"]:
         """``A @ x`` for ``x`` of shape ``(n,)`` or ``(n, k)``, with a checked shape."""
         x = jnp.asarray(x)
         if x.ndim not in (1, 2) or x.shape[0] != self.shape[1]:

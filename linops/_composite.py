@@ -5,6 +5,8 @@ Construction checks shapes and computes tags; it never simplifies (`linops.simpl
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Sequence
 
 import equinox as eqx
@@ -62,17 +64,18 @@ class Sum(LinearOperator):
     def signature(self):
         return ("Sum",) + tuple(t.signature() for t in self.terms)
 
+    # functools.reduce, not sum(): sum() would add a leading `0 +` to every product.
     def mv(self, v):
-        return sum(t.mv(v) for t in self.terms)
+        return functools.reduce(operator.add, (t.mv(v) for t in self.terms))
 
     def mm(self, V):
-        return sum(t.mm(V) for t in self.terms)
+        return functools.reduce(operator.add, (t.mm(V) for t in self.terms))
 
     def rmv(self, u):
-        return sum(t.rmv(u) for t in self.terms)
+        return functools.reduce(operator.add, (t.rmv(u) for t in self.terms))
 
     def rmm(self, U):
-        return sum(t.rmm(U) for t in self.terms)
+        return functools.reduce(operator.add, (t.rmm(U) for t in self.terms))
 
     def transpose(self):
         if _tags.symmetric in self.tags:

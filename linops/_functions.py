@@ -12,6 +12,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Bool, Float, Inexact, Int, PRNGKeyArray
 
 from linops import _tags
 from linops._base import LinearOperator, check_square, describe
@@ -46,10 +47,10 @@ class Solution(eqx.Module):
         residual_norm: ``||b - A x||`` as the iteration measured it (NaN for direct methods).
     """
 
-    value: jax.Array
-    converged: jax.Array
-    num_steps: jax.Array
-    residual_norm: jax.Array
+    value: Inexact[Array, "n *k"]
+    converged: Bool[Array, "*k"]
+    num_steps: Int[Array, "*k"]
+    residual_norm: Inexact[Array, "*k"]
 
 
 def _direct(x):
@@ -59,14 +60,14 @@ def _direct(x):
 
 def solve(
     A: LinearOperator,
-    b,
+    b: Inexact[ArrayLike, "n *k"],
     *,
     method: str | None = None,
     rtol: float | None = None,
     atol: float = 0.0,
     maxiter: int | None = None,
     preconditioner: LinearOperator | None = None,
-    x0=None,
+    x0: Inexact[ArrayLike, "n *k"] | None = None,
 ) -> Solution:
     r"""Solve $A x = b$ for ``b`` of shape ``(n,)`` or ``(n, k)``.
 
@@ -223,10 +224,10 @@ def diag(
     A: LinearOperator,
     *,
     method: str | None = None,
-    key: jax.Array | None = None,
+    key: PRNGKeyArray | None = None,
     num_samples: int = 64,
     chunk: int = 32,
-) -> jax.Array:
+) -> Inexact[Array, " n"]:
     r"""The diagonal of ``A``.
 
     Args:
@@ -260,9 +261,9 @@ def trace(
     A: LinearOperator,
     *,
     method: str | None = None,
-    key: jax.Array | None = None,
+    key: PRNGKeyArray | None = None,
     num_samples: int = 64,
-) -> jax.Array:
+) -> Inexact[Array, ""]:
     r"""The trace of a square ``A``.
 
     ``method=None`` uses the closed form (the rank for a projector); ``"exact"`` sums the exact
@@ -290,8 +291,8 @@ def trace(
 class Estimate(eqx.Module):
     """A Monte Carlo estimate with its standard error (`linops.hutchinson`)."""
 
-    value: jax.Array
-    standard_error: jax.Array
+    value: Inexact[Array, ""]
+    standard_error: Float[Array, ""]
     num_samples: int = eqx.field(static=True)
 
 
@@ -303,7 +304,7 @@ def _rademacher(key, A, num_samples, what):
     return jax.random.rademacher(key, (A.shape[1], num_samples), dtype=A.dtype)
 
 
-def hutchinson(A: LinearOperator, key: jax.Array, num_samples: int = 64) -> Estimate:
+def hutchinson(A: LinearOperator, key: PRNGKeyArray | None, num_samples: int = 64) -> Estimate:
     r"""Hutchinson's trace estimate $\frac1s \sum_i z_i^\top A z_i$ with Rademacher $z_i$.
 
     Returns the estimate and its standard error (sample standard deviation over $\sqrt s$).
@@ -321,7 +322,7 @@ def hutchinson(A: LinearOperator, key: jax.Array, num_samples: int = 64) -> Esti
     return Estimate(jnp.mean(samples), jnp.std(samples, ddof=1) / jnp.sqrt(num_samples), num_samples)
 
 
-def logdet(A: LinearOperator, *, method: str | None = None) -> jax.Array:
+def logdet(A: LinearOperator, *, method: str | None = None) -> Float[Array, ""]:
     r"""$\log|\det A|$ of a square operator.
 
     Closed forms: diagonal, Kronecker ($n_B \log|A| + n_A \log|B|$), block diagonal, products of
@@ -345,7 +346,7 @@ def logdet(A: LinearOperator, *, method: str | None = None) -> jax.Array:
     return Dense(A.as_matrix(), tags=A.tags & {_tags.psd})._logdet()
 
 
-def eigh(A: LinearOperator, *, method: str | None = None) -> tuple[jax.Array, LinearOperator]:
+def eigh(A: LinearOperator, *, method: str | None = None) -> tuple[Float[Array, " n"], LinearOperator]:
     r"""Eigendecomposition $A = Q \operatorname{diag}(w) Q^\top$ of a symmetric operator.
 
     Returns ``(w, Q)``: eigenvalues in ascending order and the eigenvectors as an

@@ -2,36 +2,49 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.extend import core as jex_core
 
 from linops._base import LinearOperator
 from linops._rules import simplify
 
 
-@eqx.filter_jit
-def _jit_apply(op, x):
-    return op.mv(x) if x.ndim == 1 else op.mm(x)
-
-
-@eqx.filter_jit
-def _jit_apply_t(op, x):
-    return op.rmv(x) if x.ndim == 1 else op.rmm(x)
-
-
 class Lowered(LinearOperator):
-    """A simplified operator whose products run as one compiled XLA program per shape.
+    """A simplified operator whose products run as one compiled XLA program per input shape.
 
-    Built by `linops.lower`. Inside an outer `jax.jit` the inner jit is inlined.
+    Built by `linops.lower`: the operator is flattened once, and each product calls a plain
+    `jax.jit` program over the flat array leaves (no per-call pytree walk of the
+    expression). Inside an outer `jax.jit` the program is inlined.
     """
 
-    op: LinearOperator
+    leaves: list
+    treedef: Any = eqx.field(static=True)
+    op_shape: tuple = eqx.field(static=True)
+    programs: tuple = eqx.field(static=True)  # (product, transposed product)
+
+    def __init__(self, op: LinearOperator):
+        dynamic, static = eqx.partition(op, eqx.is_array)
+        leaves, treedef = jax.tree_util.tree_flatten(dynamic)
+        self.leaves = leaves
+        self.treedef = (treedef, static)
+        self.op_shape = tuple(op.shape)
+        self.programs = _programs(treedef, static)
+
+    @property
+    def op(self) -> LinearOperator:
+        """The simplified operator."""
+        treedef, static = self.treedef
+        return eqx.combine(jax.tree_util.tree_unflatten(treedef, self.leaves), static)
 
     @property
     def shape(self):
-        return tuple(self.op.shape)
+        return self.op_shape
 
     @property
     def dtype(self):
@@ -44,13 +57,19 @@ class Lowered(LinearOperator):
     def signature(self):
         return self.op.signature()
 
+    def __matmul__(self, other):
+        # The eager hot path: no method lookups on the Module, one call into compiled code.
+        if isinstance(other, (jax.Array, np.ndarray)) and other.ndim in (1, 2) and other.shape[0] == self.op_shape[1]:
+            return self.programs[0](self.leaves, other)
+        return super().__matmul__(other)
+
     def mv(self, v):
-        return _jit_apply(self.op, v)
+        return self.programs[0](self.leaves, v)
 
     mm = mv
 
     def rmv(self, u):
-        return _jit_apply_t(self.op, u)
+        return self.programs[1](self.leaves, u)
 
     rmm = rmv
 
@@ -79,8 +98,44 @@ class Lowered(LinearOperator):
         return self.op._trace()
 
 
+def _make_programs(treedef, static):
+    def rebuild(leaves):
+        return eqx.combine(jax.tree_util.tree_unflatten(treedef, leaves), static)
+
+    def forward(leaves, x):
+        op = rebuild(leaves)
+        return op.mv(x) if x.ndim == 1 else op.mm(x)
+
+    def backward(leaves, x):
+        op = rebuild(leaves)
+        return op.rmv(x) if x.ndim == 1 else op.rmm(x)
+
+    return jax.jit(forward), jax.jit(backward)
+
+
+@functools.lru_cache(maxsize=128)
+def _cached_programs(treedef, static):
+    return _make_programs(treedef, static)
+
+
+def _programs(treedef, static):
+    """One pair of compiled programs per expression structure (lowering twice reuses them).
+
+    Bounded: a fresh operator has fresh leaf keys, hence a new structure (see `lower`).
+    """
+    try:
+        return _cached_programs(treedef, static)
+    except TypeError:  # an unhashable static part: no sharing
+        return _make_programs(treedef, static)
+
+
 def lower(expr: LinearOperator) -> Lowered:
     """Simplify ``expr`` and compile its products (once per input shape).
+
+    The program is shared by every operator of the same structure: replacing arrays (for
+    example with `equinox.tree_at`) reuses it. A freshly constructed leaf has a fresh
+    stable key, which is part of the structure, so rebuilding an operator every step
+    compiles again: build operators once, or inside the jitted function that uses them.
 
     Example:
         >>> import jax.numpy as jnp, linops as lo
