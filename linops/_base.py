@@ -158,7 +158,7 @@ class LinearOperator(eqx.Module):
         """The dense ``(m, n)`` matrix. Always an explicit request: costs ``n`` products."""
         return self.mm(jnp.eye(self.shape[1], dtype=self.dtype))
 
-    def apply(self, x: Inexact[ArrayLike, "n *k"]) -> Inexact[Array, "m *k"]:
+    def apply(self, x: Inexact[ArrayLike, " n *k"]) -> Inexact[Array, " m *k"]:
         """``A @ x`` for ``x`` of shape ``(n,)`` or ``(n, k)``, with a checked shape."""
         x = jnp.asarray(x)
         if x.ndim not in (1, 2) or x.shape[0] != self.shape[1]:

@@ -26,10 +26,11 @@ def _check_op(A, what):
         raise TypeError(f"{what}: expected a linops.LinearOperator, got {type(A).__name__}")
 
 
-def _no_closed_form(A, what, options):
-    return ValueError(
-        f"{what}: {describe(A)} has no closed form here; choose a method explicitly: {options}"
-    )
+def _closed_form(result, A, what, alternatives):
+    """``result`` of a structure hook, or the error naming the explicit alternatives."""
+    if result is NotImplemented:
+        raise ValueError(f"{what}: {describe(A)} has no closed form here; choose a method explicitly: {alternatives}")
+    return result
 
 
 def _check_method(what, method, allowed):
@@ -47,10 +48,10 @@ class Solution(eqx.Module):
         residual_norm: ``||b - A x||`` as the iteration measured it (NaN for direct methods).
     """
 
-    value: Inexact[Array, "n *k"]
-    converged: Bool[Array, "*k"]
-    num_steps: Int[Array, "*k"]
-    residual_norm: Inexact[Array, "*k"]
+    value: Inexact[Array, " n *k"]
+    converged: Bool[Array, " *k"]
+    num_steps: Int[Array, " *k"]
+    residual_norm: Inexact[Array, " *k"]
 
 
 def _direct(x):
@@ -60,14 +61,14 @@ def _direct(x):
 
 def solve(
     A: LinearOperator,
-    b: Inexact[ArrayLike, "n *k"],
+    b: Inexact[ArrayLike, " n *k"],
     *,
     method: str | None = None,
     rtol: float | None = None,
     atol: float = 0.0,
     maxiter: int | None = None,
     preconditioner: LinearOperator | None = None,
-    x0: Inexact[ArrayLike, "n *k"] | None = None,
+    x0: Inexact[ArrayLike, " n *k"] | None = None,
 ) -> Solution:
     r"""Solve $A x = b$ for ``b`` of shape ``(n,)`` or ``(n, k)``.
 
@@ -103,10 +104,7 @@ def solve(
     _check_method("solve", method, (None, "cg", "dense"))
     b = check_vector(A, b, "solve", A.shape[0])
     if method is None:
-        x = A._solve(b)
-        if x is NotImplemented:
-            raise _no_closed_form(A, "solve", "method='cg' (A tagged psd) or method='dense'")
-        return _direct(x)
+        return _direct(_closed_form(A._solve(b), A, "solve", "method='cg' (A tagged psd) or method='dense'"))
     if method == "dense":
         M = A.as_matrix()
         return _direct(jnp.linalg.solve(M, b if b.ndim == 2 else b[:, None]).reshape(b.shape))
@@ -169,10 +167,7 @@ def pinv(A: LinearOperator, *, rtol: float | None = None, method: str | None = N
     if _tags.projector in A.tags:
         return A
     if method is None:
-        P = A._pinv(rtol)
-        if P is NotImplemented:
-            raise _no_closed_form(A, "pinv", "method='dense'")
-        return P
+        return _closed_form(A._pinv(rtol), A, "pinv", "method='dense'")
     return Dense(A.as_matrix(), tags=A.tags & {_tags.symmetric})._pinv(rtol)
 
 
@@ -198,10 +193,7 @@ def sqrt(A: LinearOperator, *, method: str | None = None) -> LinearOperator:
     if _tags.projector in A.tags:
         return A
     if method is None:
-        S = A._sqrt()
-        if S is NotImplemented:
-            raise _no_closed_form(A, "sqrt", "method='dense'")
-        return S
+        return _closed_form(A._sqrt(), A, "sqrt", "method='dense'")
     return Dense(A.as_matrix(), tags={_tags.psd})._sqrt()
 
 
@@ -245,10 +237,7 @@ def diag(
     _check_op(A, "diag")
     _check_method("diag", method, (None, "exact", "hutchinson"))
     if method is None:
-        d = A._diag()
-        if d is NotImplemented:
-            raise _no_closed_form(A, "diag", "method='exact' (n products) or method='hutchinson' (with key)")
-        return d
+        return _closed_form(A._diag(), A, "diag", "method='exact' (n products) or method='hutchinson' (with key)")
     check_square(A, f"diag(method={method!r})")
     if method == "exact":
         pick = lambda A, E, cols: jnp.take_along_axis(A.mm(E), jnp.minimum(cols, A.shape[0] - 1)[None, :], 0)[0]  # noqa: E731
@@ -279,10 +268,7 @@ def trace(
     check_square(A, "trace")
     _check_method("trace", method, (None, "exact", "hutchinson"))
     if method is None:
-        t = A._trace()
-        if t is NotImplemented:
-            raise _no_closed_form(A, "trace", "method='exact' (n products) or method='hutchinson' (with key)")
-        return t
+        return _closed_form(A._trace(), A, "trace", "method='exact' (n products) or method='hutchinson' (with key)")
     if method == "exact":
         return jnp.sum(diag(A, method="exact"))
     return hutchinson(A, key, num_samples).value
@@ -339,10 +325,7 @@ def logdet(A: LinearOperator, *, method: str | None = None) -> Float[Array, ""]:
     check_square(A, "logdet")
     _check_method("logdet", method, (None, "dense"))
     if method is None:
-        ld = A._logdet()
-        if ld is NotImplemented:
-            raise _no_closed_form(A, "logdet", "method='dense'")
-        return ld
+        return _closed_form(A._logdet(), A, "logdet", "method='dense'")
     return Dense(A.as_matrix(), tags=A.tags & {_tags.psd})._logdet()
 
 
@@ -365,10 +348,7 @@ def eigh(A: LinearOperator, *, method: str | None = None) -> tuple[Float[Array, 
     if _tags.symmetric not in A.tags:
         raise ValueError(f"eigh: {describe(A)} is not tagged symmetric (its tags: {sorted(A.tags)})")
     if method is None:
-        wq = A._eigh()
-        if wq is NotImplemented:
-            raise _no_closed_form(A, "eigh", "method='dense'")
-        return wq
+        return _closed_form(A._eigh(), A, "eigh", "method='dense'")
     return Dense(A.as_matrix(), tags={_tags.symmetric})._eigh()
 
 
