@@ -250,9 +250,11 @@ class BlockDiagonal(LinearOperator):
         return outs if outs is NotImplemented else jnp.concatenate(outs)
 
     def _solve(self, b):
-        from linops._functions import solve
-
-        return self._apply(b, lambda blk, p: solve(blk, p).value, [blk.shape[0] for blk in self.blocks])
+        if any(not blk.is_square for blk in self.blocks):
+            return NotImplemented
+        parts = jnp.split(b, _split_points([blk.shape[0] for blk in self.blocks]), axis=0)
+        outs = [blk._solve(p) for blk, p in zip(self.blocks, parts, strict=True)]
+        return NotImplemented if any(o is NotImplemented for o in outs) else jnp.concatenate(outs, axis=0)
 
     def _inv(self):
         from linops._functions import inv
@@ -359,8 +361,21 @@ class Kronecker(LinearOperator):
         return ab if ab is NotImplemented else jnp.kron(*ab)
 
     def _solve(self, b):
-        inv = self._inv()
-        return inv.mv(b) if b.ndim == 1 else inv.mm(b)
+        r"""$(A \otimes B)^{-1} \mathrm{vec}(X) = \mathrm{vec}(A^{-1} X B^{-\top})$, by the factors' closed forms."""
+        if not (self.A.is_square and self.B.is_square):
+            return NotImplemented
+
+        def one(x):
+            Y = self.A._solve(x.reshape(self.A.shape[0], self.B.shape[0]))
+            if Y is NotImplemented:
+                return Y
+            Z = self.B._solve(Y.T)
+            return Z if Z is NotImplemented else Z.T.reshape(-1)
+
+        if b.ndim == 1:
+            return one(b)
+        cols = [one(b[:, j]) for j in range(b.shape[1])]
+        return NotImplemented if any(c is NotImplemented for c in cols) else jnp.stack(cols, axis=1)
 
     def _inv(self):
         from linops._functions import inv
