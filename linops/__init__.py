@@ -11,7 +11,7 @@ Example:
 """
 
 from linops import tags
-from linops._base import LinearOperator
+from linops._base import LinearOperator, new_key
 from linops._composite import Inverse, Product, Scaled, Sum, Transpose, shift
 from linops._functions import (
     Estimate,
@@ -27,7 +27,7 @@ from linops._functions import (
     trace,
 )
 from linops._leaves import Dense, Diagonal, FunctionOp, Identity, Zero
-from linops._lineax import from_lineax, to_lineax
+from linops._lineax import LineaxOp, from_lineax, to_lineax
 from linops._lower import Lowered, count_matmuls, explain, lower
 from linops._projector import Complement, ProjectorOp
 from linops._rules import RULES, NoReduction, Rule, simplify
@@ -37,10 +37,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BlockDiagonal", "Complement", "Dense", "Diagonal", "Estimate", "FunctionOp", "Identity",
-    "Inverse", "Kronecker", "LinearOperator", "LowRank", "Lowered", "NoReduction", "Product",
+    "Inverse", "Kronecker", "LinearOperator", "LineaxOp", "LowRank", "Lowered", "NoReduction", "Product",
     "ProjectorOp", "RULES", "Rule", "Scaled", "Selection", "Solution", "Sum", "Transpose", "Zero",
     "count_matmuls", "diag", "eigh", "explain", "from_lineax", "hutchinson", "inv", "logdet",
-    "lower", "pinv", "shift", "simplify", "solve", "sqrt", "tags", "to_lineax", "trace",
+    "lower", "new_key", "pinv", "shift", "simplify", "solve", "sqrt", "tags", "to_lineax", "trace",
 ]
 
 

@@ -22,6 +22,12 @@ def new_key() -> int:
 
     Keys are static pytree data: they survive `jax.jit` round trips, so `simplify` can
     recognise that two leaves are the same operator after tracing (Python `is` cannot).
+    Give your own operator a static ``uid`` field set from it.
+
+    Example:
+        >>> import linops as lo
+        >>> lo.new_key() != lo.new_key()
+        True
     """
     return next(_counter)
 
@@ -136,13 +142,15 @@ class LinearOperator(eqx.Module):
     def signature(self) -> Hashable:
         """A hashable identity: equal signatures mean the same linear map.
 
-        Leaves holding data are identified by their stable key, leaves without data by
-        their static structure, composites by their operands' signatures.
+        Leaves holding data are identified by their stable key (a static ``uid`` field set
+        from `linops.new_key`), composites by their operands' signatures. An operator with
+        neither is identified by the Python object: never wrongly equal to another, but
+        not recognised after a `jax.jit` round trip (give your operator a ``uid`` for that).
         """
         uid = getattr(self, "uid", None)
         if uid is not None:
             return (type(self).__name__, uid)
-        return (type(self).__name__, self.shape, str(self.dtype))
+        return (type(self).__name__, "object", id(self))
 
     # --- derived ------------------------------------------------------------------
 

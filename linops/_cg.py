@@ -16,7 +16,10 @@ from jax import lax
 def cg(matvec, b, *, x0=None, rtol, atol, maxiter, precondition=None):
     """Solve ``A x = b`` for one vector ``b``; returns ``(x, converged, steps, residual_norm)``."""
     precondition = precondition or (lambda r: r)
-    b_norm = jnp.linalg.norm(b)
+    # ||b|| itself over/underflows in float32 for |b| ~ 1e+-20: take it after dividing by max|b|.
+    b_max = jnp.max(jnp.abs(b))
+    b_max = jnp.where(b_max > 0, b_max, 1.0)
+    b_norm = b_max * jnp.linalg.norm(b / b_max)
     scale = jnp.where(b_norm > 0, b_norm, 1.0)
     b_hat = b / scale
     x = jnp.zeros_like(b_hat) if x0 is None else x0 / scale
@@ -45,10 +48,11 @@ def cg(matvec, b, *, x0=None, rtol, atol, maxiter, precondition=None):
         p = z + beta * p
         return x, r, p, rz_new, k + 1, broke
 
-    state = (x, r, p, rz, jnp.asarray(0), jnp.asarray(False))
+    state = (x, r, p, rz, jnp.asarray(0, jnp.int32), jnp.asarray(False))
     x, r, _, _, steps, _ = lax.while_loop(cond, body, state)
     res = jnp.linalg.norm(r)
-    return x * scale, res <= threshold, steps, res * scale
+    converged = (res <= threshold) & jnp.all(jnp.isfinite(x))
+    return x * scale, converged, steps.astype(jnp.int32), res * scale
 
 
 def cg_many(matvec, B, **kw):

@@ -12,6 +12,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Inexact, Int, PRNGKeyArray
 
 from linops import _tags
@@ -79,8 +80,9 @@ def solve(
             block diagonal, diagonal/identity + low rank by Woodbury, products of those,
             dense by LU or Cholesky); ``"cg"`` runs conjugate gradients (``A`` must be
             tagged ``psd``); ``"dense"`` materialises ``A`` (``n`` products) and uses LU.
-        rtol, atol: CG stops at ``||r|| <= max(rtol ||b||, atol)``; ``rtol`` defaults to
-            ``sqrt(eps)`` of the dtype.
+        rtol: CG's relative tolerance: it stops at ``||r|| <= max(rtol ||b||, atol)``;
+            default ``sqrt(eps)`` of the dtype.
+        atol: CG's absolute tolerance (default 0).
         maxiter: CG iteration cap (default ``10 n``).
         preconditioner: an operator approximating ``A^{-1}`` (for example
             ``lo.inv(lo.Diagonal(lo.diag(A)))``).
@@ -117,7 +119,7 @@ def solve(
     dtype = jnp.result_type(A.dtype, b.dtype)
     b = b.astype(dtype)
     options: dict[str, Any] = dict(
-        rtol=float(jnp.sqrt(jnp.finfo(dtype).eps)) if rtol is None else rtol,
+        rtol=float(np.sqrt(np.finfo(dtype).eps)) if rtol is None else rtol,  # NumPy: static under jit
         atol=atol,
         maxiter=10 * A.shape[0] if maxiter is None else maxiter,
         precondition=None if preconditioner is None else preconditioner.mv,

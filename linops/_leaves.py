@@ -265,6 +265,9 @@ class Identity(LinearOperator):
     def transpose(self):
         return self
 
+    def signature(self):
+        return ("Identity", self.n, str(self.dtype))
+
     def _diag(self):
         return jnp.ones(self.n, self.dtype)
 
@@ -331,6 +334,9 @@ class Zero(LinearOperator):
 
     def transpose(self):
         return Zero(self.n, self.m, self.dtype)
+
+    def signature(self):
+        return ("Zero", self.m, self.n, str(self.dtype))
 
     def _diag(self):
         return jnp.zeros(min(self.m, self.n), self.dtype)

@@ -66,7 +66,7 @@ def from_lineax(op: lx.AbstractLinearOperator) -> LinearOperator:
     for name, s in (("input", ins), ("output", outs)):
         if not isinstance(s, jax.ShapeDtypeStruct) or len(s.shape) != 1:
             raise ValueError(
-                f"from_lineax: {type(op).__name__} has a {name} structure {s}; expected 1-D vectors "
+                f"from_lineax: {type(op).__name__} has the {name} structure {s}; expected 1-D vectors "
                 "(ravel pytree-structured operators first)"
             )
     if isinstance(op, lx.IdentityLinearOperator) and ins.shape == outs.shape:
@@ -79,6 +79,13 @@ class LineaxOp(LinearOperator):
 
     Its arrays stay pytree leaves; everything else (a closure-converted function, say) is
     kept as static data, so the operator also passes through a plain `jax.jit`.
+
+    Example:
+        >>> import jax.numpy as jnp, lineax as lx, linops as lo
+        >>> f = lx.FunctionLinearOperator(lambda v: 2.0 * v, jnp.zeros(2), lx.symmetric_tag)
+        >>> A = lo.from_lineax(f)
+        >>> type(A).__name__, A @ jnp.ones(2)
+        ('LineaxOp', Array([2., 2.], dtype=float32))
     """
 
     arrays: object

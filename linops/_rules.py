@@ -21,6 +21,7 @@ class NoReduction(Exception):
 
 
 RULES: list[Rule] = []
+"""The registered rules, in the order `simplify` tries them (subclassing `Rule` appends)."""
 
 
 class Rule:
@@ -158,9 +159,10 @@ class DropIdentity(Rule):
     """``I @ A -> A`` and ``A @ I -> A``."""
 
     def apply(self, op):
-        if not isinstance(op, Product) or not any(isinstance(f, Identity) for f in op.factors):
+        # By tag, so Kronecker(I, I) or a user's identity-tagged operator is dropped too.
+        if not isinstance(op, Product) or not any(_tags.identity in f.tags for f in op.factors):
             raise NoReduction
-        kept = [f for f in op.factors if not isinstance(f, Identity)]
+        kept = [f for f in op.factors if _tags.identity not in f.tags]
         return _product(kept, op.shape, op.dtype)
 
 

@@ -175,6 +175,12 @@ class Selection(LinearOperator):
     def _inv(self):
         return self.T if self.is_permutation else NotImplemented
 
+    def _solve(self, b):
+        return self.rmv(b) if self.is_permutation else NotImplemented
+
+    def _logdet(self):
+        return jnp.zeros((), self.dtype) if self.is_permutation else NotImplemented
+
 
 def _split_points(sizes):
     return list(np.cumsum(sizes)[:-1])

@@ -179,3 +179,35 @@ def test_scalar_times_operator_accepts_arrays_and_rejects_vectors():
         pass
     else:
         raise AssertionError("vector * operator must not be accepted")
+
+
+class _Scale(lo.LinearOperator):
+    """A user operator with data and no stable key."""
+
+    c: jax.Array
+
+    @property
+    def shape(self):
+        return (3, 3)
+
+    @property
+    def dtype(self):
+        return self.c.dtype
+
+    def mv(self, v):
+        return self.c * v
+
+
+def test_user_operators_without_a_key_are_never_confused():
+    A1, A2 = _Scale(jnp.asarray(2.0)), _Scale(jnp.asarray(3.0))
+    assert A1.signature() != A2.signature()
+    assert not isinstance(lo.simplify(lo.inv(A1) @ A2), lo.Identity)
+    assert "psd" not in (A1.T @ A2).tags
+    assert "psd" in (A1.T @ A1).tags  # the same object is still recognised
+
+
+def test_identity_tagged_factors_are_dropped():
+    A = lo.Dense(jnp.arange(16.0).reshape(4, 4))
+    II = lo.Kronecker(lo.Identity(2), lo.Identity(2))
+    assert "identity" in II.tags
+    assert lo.simplify(II @ A @ II) is A

@@ -247,3 +247,35 @@ def test_functions_work_under_jit_and_grad():
     d = np.array([1.0, 2.0, 3.0]) + lam
     assert_close(jax.jit(f)(lam), np.log(d).sum() + (1 / d).sum())
     assert_close(jax.grad(f)(lam), (1 / d).sum() - (1 / d**2).sum())
+
+
+def test_cg_under_jit_with_default_tolerance_and_inside_a_lowered_inverse():
+    rng = np.random.default_rng(4)
+    M = _spd(rng, 5)
+    A = lo.Dense(jnp.asarray(M), tags={"psd"})
+    b = jnp.arange(1.0, 6.0)
+    sol = jax.jit(lambda A, b: lo.solve(A, b, method="cg"))(A, b)
+    assert bool(sol.converged) and sol.num_steps.dtype == jnp.int32
+    assert_close(sol.value, np.linalg.solve(M, b), rtol=1e-6)
+    L = lo.lower(lo.inv(A, method="cg") @ lo.Diagonal(jnp.ones(5)))
+    assert_close(L @ b, np.linalg.solve(M, b), rtol=1e-6)
+
+
+@pytest.mark.parametrize("size", [1e-30, 1e-21, 1.0, 1e21, 1e30])
+def test_cg_handles_huge_and_tiny_right_hand_sides_in_float32(size):
+    A = lo.Dense(jnp.asarray(_spd(np.random.default_rng(5), 6), jnp.float32), tags={"psd"})
+    b = jnp.linspace(1.0, 2.0, 6, dtype=jnp.float32) * jnp.float32(size)
+    sol = lo.solve(A, b, method="cg")
+    assert bool(sol.converged)
+    x = np.asarray(sol.value, np.float64)
+    ref = np.linalg.solve(np.asarray(A.matrix, np.float64), np.asarray(b, np.float64))
+    assert np.isfinite(x).all()
+    assert np.linalg.norm(x - ref) <= 1e-3 * np.linalg.norm(ref)
+
+
+def test_permutations_solve_by_their_transpose():
+    perm = lo.Selection(jnp.array([2, 0, 1]), 3)
+    b = jnp.array([1.0, 2.0, 3.0])
+    assert_close(perm @ lo.solve(perm, b).value, b)
+    assert_close(lo.inv(perm) @ (perm @ b), b)
+    assert float(lo.logdet(perm)) == 0.0
