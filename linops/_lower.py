@@ -24,7 +24,7 @@ class Lowered(LinearOperator):
     """
 
     leaves: list
-    treedef: Any = eqx.field(static=True)
+    structure: Any = eqx.field(static=True)  # (treedef of the array leaves, the non-array parts)
     op_shape: tuple = eqx.field(static=True)
     programs: tuple = eqx.field(static=True)  # (product, transposed product)
 
@@ -32,14 +32,14 @@ class Lowered(LinearOperator):
         dynamic, static = eqx.partition(op, eqx.is_array)
         leaves, treedef = jax.tree_util.tree_flatten(dynamic)
         self.leaves = leaves
-        self.treedef = (treedef, static)
+        self.structure = (treedef, static)
         self.op_shape = tuple(op.shape)
         self.programs = _programs(treedef, static)
 
     @property
     def op(self) -> LinearOperator:
         """The simplified operator."""
-        treedef, static = self.treedef
+        treedef, static = self.structure
         return eqx.combine(jax.tree_util.tree_unflatten(treedef, self.leaves), static)
 
     @property
