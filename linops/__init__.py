@@ -10,7 +10,7 @@ Example:
     Array(True, dtype=bool)
 """
 
-from linops import tags
+from linops import likelihoods, models, tags
 from linops._base import LinearOperator, new_key
 from linops._composite import Inverse, Product, Scaled, Sum, Transpose, shift
 from linops._functions import (
@@ -29,6 +29,7 @@ from linops._functions import (
 from linops._leaves import Dense, Diagonal, FunctionOp, Identity, Zero
 from linops._lineax import LineaxOp, from_lineax, to_lineax
 from linops._lower import Lowered, count_matmuls, explain, lower
+from linops._nn import GGNOp, JacobianOp, LossJacobianOp
 from linops._projector import Complement, ProjectorOp
 from linops._rules import RULES, NoReduction, Rule, simplify
 from linops._structured import BlockDiagonal, Kronecker, LowRank, Selection
@@ -36,11 +37,12 @@ from linops._structured import BlockDiagonal, Kronecker, LowRank, Selection
 __version__ = "0.1.0"
 
 __all__ = [
-    "BlockDiagonal", "Complement", "Dense", "Diagonal", "Estimate", "FunctionOp", "Identity",
-    "Inverse", "Kronecker", "LinearOperator", "LineaxOp", "LowRank", "Lowered", "NoReduction", "Product",
-    "ProjectorOp", "RULES", "Rule", "Scaled", "Selection", "Solution", "Sum", "Transpose", "Zero",
-    "count_matmuls", "diag", "eigh", "explain", "from_lineax", "hutchinson", "inv", "logdet",
-    "lower", "new_key", "pinv", "shift", "simplify", "solve", "sqrt", "tags", "to_lineax", "trace",
+    "BlockDiagonal", "Complement", "count_matmuls", "Dense", "diag", "Diagonal", "eigh", "Estimate",
+    "explain", "from_lineax", "FunctionOp", "GGNOp", "hutchinson", "Identity", "inv", "Inverse",
+    "JacobianOp", "Kronecker", "likelihoods", "LinearOperator", "LineaxOp", "logdet",
+    "LossJacobianOp", "lower", "Lowered", "LowRank", "models", "new_key", "NoReduction", "pinv",
+    "Product", "ProjectorOp", "Rule", "RULES", "Scaled", "Selection", "shift", "simplify",
+    "Solution", "solve", "sqrt", "Sum", "tags", "to_lineax", "trace", "Transpose", "Zero",
 ]
 
 

@@ -1,0 +1,294 @@
+r"""Curvature of a network as lazy operators: `JacobianOp`, `GGNOp`, `LossJacobianOp`.
+
+The model is a per-example ``fn(params, x) -> (O,)`` with a params pytree (raveled to
+``R^P`` at the boundary). Products stream over the data in batches (`lax.scan`, the short
+last batch included), so memory is ``O(P + batch)``: nothing of size ``N O x P`` or
+``P x P`` is ever formed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linops import _tags
+from linops._base import LinearOperator, new_key
+from linops._batching import batched_map, batched_sum, num_examples
+from linops.likelihoods import Likelihood
+from linops.models import ravel
+
+
+def _flat(tree):
+    return ravel(tree)[0]
+
+
+def _check_model(fn, params, inputs, who):
+    """``(N, O)``, or a `ValueError` saying what does not fit."""
+    if not callable(fn):
+        raise TypeError(f"{who}: fn must be callable fn(params, x) -> (O,), got {type(fn).__name__}")
+    try:
+        n = num_examples(inputs)
+    except (ValueError, IndexError) as e:
+        raise ValueError(f"{who}: inputs must have a leading example axis: {e}") from None
+    if n == 0:
+        raise ValueError(f"{who}: inputs has no examples")
+    first = jax.tree_util.tree_map(lambda a: a[0], inputs)
+    try:
+        out = jax.eval_shape(fn, params, first)
+    except Exception as e:  # noqa: BLE001 - any failure here means params/inputs do not fit fn
+        raise ValueError(f"{who}: fn(params, x) fails on the first example (do params match the model?): {e}") \
+            from None
+    if not isinstance(out, jax.ShapeDtypeStruct) or len(out.shape) != 1:
+        shape = getattr(out, "shape", type(out).__name__)
+        raise ValueError(f"{who}: fn(params, x) must return one example's outputs of shape (O,), got {shape}")
+    return n, out.shape[0]
+
+
+def _check_batch_size(batch_size, who):
+    if batch_size is not None and (not isinstance(batch_size, (int, np.integer)) or batch_size < 1):
+        raise ValueError(f"{who}: batch_size must be a positive integer, got {batch_size!r}")
+
+
+class _ModelOperator(LinearOperator):
+    """Shared fields and helpers of the operators built from ``(fn, params, inputs)``."""
+
+    fn: Callable = eqx.field(static=True)
+    params: object
+    inputs: object
+    batch_size: int = eqx.field(static=True)
+    unravel: Callable = eqx.field(static=True)
+    num_examples: int = eqx.field(static=True)
+    num_outputs: int = eqx.field(static=True)
+    num_params: int = eqx.field(static=True)
+    dtype_: np.dtype = eqx.field(static=True)
+    uid: int = eqx.field(static=True)
+
+    def _init_model(self, fn, params, inputs, batch_size, who):
+        _check_batch_size(batch_size, who)
+        n, o = _check_model(fn, params, inputs, who)
+        flat, unravel = ravel(params)
+        self.fn, self.params, self.inputs = fn, params, inputs
+        self.batch_size = n if batch_size is None else int(batch_size)
+        self.unravel = unravel
+        self.num_examples, self.num_outputs, self.num_params = n, o, flat.shape[0]
+        self.dtype_ = np.dtype(flat.dtype)
+        self.uid = new_key()
+
+    @property
+    def dtype(self):
+        return self.dtype_
+
+    def _batch_fn(self, xb):
+        """``params -> (B, O)`` on a batch of inputs."""
+        return lambda p: jax.vmap(self.fn, in_axes=(None, 0))(p, xb)
+
+    def ravel(self, tree):
+        """A params-shaped pytree as a vector of length ``P``."""
+        return _flat(tree)
+
+
+class JacobianOp(_ModelOperator):
+    r"""The stacked Jacobian $J = [J_1; \dots; J_N] \in \mathbb R^{NO \times P}$ at ``params``.
+
+    Products are JVPs (``J v``) and VJPs (``J^T u``), batched over the data (``batch_size``
+    examples at a time; default all). Output index ``n * O + o`` is output ``o`` of example
+    ``n``. Restrict to a parameter subset by composing with a `Selection`:
+    ``J @ lo.Selection(idx, P).T`` applies JVPs of embedded tangents only.
+
+    Args:
+        fn: per-example model ``fn(params, x) -> (O,)``.
+        params: the params pytree (the linearisation point).
+        inputs: the inputs, a pytree whose leaves have a leading example axis ``N``.
+        batch_size: examples per batch (memory ``O(P + batch)``).
+
+    Example:
+        >>> import jax.numpy as jnp, linops as lo
+        >>> fn = lambda w, x: jnp.tanh(x @ w)[None]            # one output
+        >>> J = lo.JacobianOp(fn, jnp.zeros(2), jnp.array([[1.0, 2.0], [3.0, 4.0]]))
+        >>> J.as_matrix()
+        Array([[1., 2.],
+               [3., 4.]], dtype=float32)
+    """
+
+    def __init__(self, fn, params, inputs, *, batch_size: int | None = None):
+        self._init_model(fn, params, inputs, batch_size, "JacobianOp")
+
+    @property
+    def shape(self):
+        return (self.num_examples * self.num_outputs, self.num_params)
+
+    def mv(self, v):
+        t = self.unravel(v)
+
+        def batch(xb):
+            return jax.jvp(self._batch_fn(xb), (self.params,), (t,))[1]
+
+        return batched_map(batch, self.inputs, self.batch_size).reshape(-1)
+
+    def rmv(self, u):
+        U = u.reshape(self.num_examples, self.num_outputs)
+
+        def batch(data):
+            xb, ub = data
+            _, vjp = jax.vjp(self._batch_fn(xb), self.params)
+            return _flat(vjp(ub.astype(self.dtype))[0])
+
+        return batched_sum(batch, (self.inputs, U), self.batch_size)
+
+    def example(self, n: int) -> JacobianOp:
+        """The rows ``J_n`` of example ``n`` (an ``O x P`` operator)."""
+        x = jax.tree_util.tree_map(lambda a: a[n : n + 1], self.inputs)
+        return JacobianOp(self.fn, self.params, x)
+
+
+class _LikelihoodOperator(_ModelOperator):
+    targets: object
+    likelihood: Likelihood
+
+    def _init_lik(self, fn, params, inputs, targets, likelihood, batch_size, who):
+        self._init_model(fn, params, inputs, batch_size, who)
+        if not isinstance(likelihood, Likelihood):
+            raise TypeError(
+                f"{who}: likelihood must be a linops.likelihoods.Likelihood, got {type(likelihood).__name__}"
+            )
+        try:
+            nt = num_examples(targets)
+        except (ValueError, IndexError) as e:
+            raise ValueError(f"{who}: targets must have a leading example axis: {e}") from None
+        if nt != self.num_examples:
+            raise ValueError(f"{who}: inputs has {self.num_examples} examples but targets has {nt}")
+        likelihood.check(self.num_outputs, targets, self.num_examples, who)
+        self.targets, self.likelihood = targets, likelihood
+
+    def _data(self):
+        lik = self.likelihood if self.likelihood.per_example else None
+        return (self.inputs, self.targets, lik)
+
+    def _per_example(self, method, out, yb, lb, *extra):
+        """``likelihood.method(f_n, y_n, *extra_n)`` for every example of a batch."""
+        lik, axis = (lb, 0) if self.likelihood.per_example else (self.likelihood, None)
+        def one(lik_n, f, y, *e):
+            return getattr(lik_n, method)(f, y, *e)
+
+        return jax.vmap(one, in_axes=(axis, 0, 0) + (0,) * len(extra))(lik, out, yb, *extra)
+
+
+class GGNOp(_LikelihoodOperator):
+    r"""The generalised Gauss-Newton matrix $G = \sum_n J_n^\top H_n J_n$ (``P x P``), lazily.
+
+    Each product is, per batch, a JVP, the likelihood's closed-form output Hessian and a
+    VJP, summed with `lax.scan` over full batches plus the short last batch (never
+    dropped). Tagged symmetric and PSD. ``lo.diag(G)`` is exact: per-example VJPs of the
+    rows of a Hessian factor $A_n$ ($A_n^\top A_n = H_n$), in batches of
+    ``max(1, batch_size // O)`` examples (memory ``O(batch * P)``);
+    ``lo.diag(G, method="hutchinson", key=...)`` estimates it. ``G.as_matrix()`` costs
+    ``P`` products and is only ever an explicit request.
+
+    Args:
+        fn: per-example model ``fn(params, x) -> (O,)``.
+        params: the params pytree.
+        inputs: inputs with a leading example axis ``N``.
+        targets: targets with a leading example axis (shape set by the likelihood).
+        likelihood: a `linops.likelihoods.Likelihood`.
+        batch_size: examples per batch (default all).
+
+    Example:
+        >>> import jax.numpy as jnp, linops as lo
+        >>> fn = lambda w, x: (x @ w)[None]                    # linear regression
+        >>> X = jnp.array([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0]])
+        >>> G = lo.GGNOp(fn, jnp.zeros(2), X, jnp.zeros((3, 1)), lo.likelihoods.Gaussian(1.0), batch_size=2)
+        >>> G.as_matrix()                                      # X^T X / sigma^2
+        Array([[3., 3.],
+               [3., 5.]], dtype=float32)
+    """
+
+    def __init__(self, fn, params, inputs, targets, likelihood: Likelihood, *, batch_size: int | None = None):
+        self._init_lik(fn, params, inputs, targets, likelihood, batch_size, "GGNOp")
+
+    @property
+    def shape(self):
+        return (self.num_params, self.num_params)
+
+    @property
+    def tags(self):
+        return _tags.close({_tags.psd}, self.shape)
+
+    def mv(self, v):
+        t = self.unravel(v)
+
+        def batch(data):
+            xb, yb, lb = data
+            f = self._batch_fn(xb)
+            out, jv = jax.jvp(f, (self.params,), (t,))
+            hjv = self._per_example("hvp", out, yb, lb, jv)
+            _, vjp = jax.vjp(f, self.params)
+            return _flat(vjp(hjv)[0])
+
+        return batched_sum(batch, self._data(), self.batch_size)
+
+    rmv = mv
+
+    def transpose(self):
+        return self
+
+    def _diag(self):
+        def batch(data):
+            xb, yb, lb = data
+            out, _ = jax.vjp(self._batch_fn(xb), self.params)
+            factors = self._per_example("hessian_factor", out, yb, lb)  # (B, K, O)
+
+            def example(x, A):
+                _, vjp = jax.vjp(lambda p: self.fn(p, x), self.params)
+                rows = jax.vmap(lambda a: _flat(vjp(a)[0]))(A)  # (K, P): the rows of A_n J_n
+                return jnp.sum(rows**2, axis=0)
+
+            return jnp.sum(jax.vmap(example)(xb, factors), axis=0)
+
+        return batched_sum(batch, self._data(), max(1, self.batch_size // self.num_outputs))
+
+
+class LossJacobianOp(_LikelihoodOperator):
+    r"""Stacked per-example loss gradients $J_L = [g_1^\top J_1; \dots; g_N^\top J_N] \in \mathbb R^{N \times P}$.
+
+    $g_n = \partial \ell(f_n, y_n) / \partial f$ is the likelihood's output-space gradient at
+    ``params``. Row ``n`` is the gradient of example ``n``'s loss. Used by the
+    loss-projected posterior (one row per example, whatever ``O``).
+
+    Example:
+        >>> import jax.numpy as jnp, linops as lo
+        >>> fn = lambda w, x: (x @ w)[None]
+        >>> X, y = jnp.array([[1.0, 2.0]]), jnp.array([[1.0]])
+        >>> lo.LossJacobianOp(fn, jnp.zeros(2), X, y, lo.likelihoods.Gaussian(1.0)).as_matrix()
+        Array([[-1., -2.]], dtype=float32)
+    """
+
+    def __init__(self, fn, params, inputs, targets, likelihood: Likelihood, *, batch_size: int | None = None):
+        self._init_lik(fn, params, inputs, targets, likelihood, batch_size, "LossJacobianOp")
+
+    @property
+    def shape(self):
+        return (self.num_examples, self.num_params)
+
+    def mv(self, v):
+        t = self.unravel(v)
+
+        def batch(data):
+            xb, yb, lb = data
+            out, jv = jax.jvp(self._batch_fn(xb), (self.params,), (t,))
+            g = self._per_example("grad", out, yb, lb)
+            return jnp.sum(g * jv, axis=-1)
+
+        return batched_map(batch, self._data(), self.batch_size)
+
+    def rmv(self, u):
+        def batch(data):
+            (xb, yb, lb), ub = data
+            out, vjp = jax.vjp(self._batch_fn(xb), self.params)
+            g = self._per_example("grad", out, yb, lb)
+            return _flat(vjp(ub[:, None].astype(g.dtype) * g)[0])
+
+        return batched_sum(batch, (self._data(), u), self.batch_size)
