@@ -244,3 +244,23 @@ def test_float32_ggn_at_p_1e5_has_no_nan():
     assert bool(jnp.isfinite(d).all()) and float(d.min()) >= 0.0
     sol = lo.solve(lo.shift(G, 1.0), v, method="cg", rtol=1e-4)
     assert bool(sol.converged) and bool(jnp.isfinite(sol.value).all())
+
+
+def test_flax_nnx_adapter():
+    nnx = pytest.importorskip("flax.nnx")
+    from linops.models import from_flax_nnx
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.hidden = nnx.Linear(D_IN, 4, rngs=rngs, param_dtype=jnp.float64)
+            self.out = nnx.Linear(4, O, rngs=rngs, param_dtype=jnp.float64)
+
+        def __call__(self, x):
+            return self.out(jnp.tanh(self.hidden(x)))
+
+    net = Net(nnx.Rngs(0))
+    fn, params = from_flax_nnx(net)
+    X = _inputs(18)
+    assert_close(fn(params, X[1]), net(X[1]))
+    J = lo.JacobianOp(fn, params, X, batch_size=3)
+    assert_close(J.as_matrix(), _dense_jacobian(fn, params, X))
