@@ -32,6 +32,7 @@ from linops._lower import Lowered, count_matmuls, explain, lower
 from linops._nn import GGNOp, JacobianOp, LossJacobianOp
 from linops._projector import Complement, ProjectorOp
 from linops._rules import RULES, NoReduction, Rule, simplify
+from linops._streaming import StreamingGGNOp
 from linops._structured import BlockDiagonal, Kronecker, LowRank, Selection
 
 __version__ = "0.1.0"
@@ -42,7 +43,7 @@ __all__ = [
     "JacobianOp", "Kronecker", "likelihoods", "LinearOperator", "LineaxOp", "logdet",
     "LossJacobianOp", "lower", "Lowered", "LowRank", "models", "new_key", "NoReduction", "pinv",
     "Product", "ProjectorOp", "Rule", "RULES", "Scaled", "Selection", "shift", "simplify",
-    "Solution", "solve", "sqrt", "Sum", "tags", "to_lineax", "trace", "Transpose", "Zero",
+    "Solution", "solve", "sqrt", "StreamingGGNOp", "Sum", "tags", "to_lineax", "trace", "Transpose", "Zero",
 ]
 
 

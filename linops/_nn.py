@@ -53,6 +53,24 @@ def _check_batch_size(batch_size, who):
         raise ValueError(f"{who}: batch_size must be a positive integer, got {batch_size!r}")
 
 
+def per_example_likelihood(method, lik, axis, out, yb, *extra):
+    """``lik.method(f_n, y_n, *extra_n)`` per example of a batch (``axis`` 0: ``lik`` is batched too)."""
+
+    def one(lik_n, f, y, *e):
+        return getattr(lik_n, method)(f, y, *e)
+
+    return jax.vmap(one, in_axes=(axis, 0, 0) + (0,) * len(extra))(lik, out, yb, *extra)
+
+
+def ggn_batch_product(fn, params, tangent, xb, yb, lik, lik_axis):
+    r"""$\sum_{n \in \text{batch}} J_n^\top H_n J_n t$ as a flat vector: a JVP, $H_n$, a VJP."""
+    f = lambda p: jax.vmap(fn, in_axes=(None, 0))(p, xb)  # noqa: E731
+    out, jv = jax.jvp(f, (params,), (tangent,))
+    hjv = per_example_likelihood("hvp", lik, lik_axis, out, yb, jv)
+    _, vjp = jax.vjp(f, params)
+    return _flat(vjp(hjv)[0])
+
+
 class _ModelOperator(LinearOperator):
     """Shared fields and helpers of the operators built from ``(fn, params, inputs)``."""
 
@@ -168,13 +186,13 @@ class _LikelihoodOperator(_ModelOperator):
         lik = self.likelihood if self.likelihood.per_example else None
         return (self.inputs, self.targets, lik)
 
+    def _lik_axis(self):
+        return (None, 0) if self.likelihood.per_example else (self.likelihood, None)
+
     def _per_example(self, method, out, yb, lb, *extra):
         """``likelihood.method(f_n, y_n, *extra_n)`` for every example of a batch."""
-        lik, axis = (lb, 0) if self.likelihood.per_example else (self.likelihood, None)
-        def one(lik_n, f, y, *e):
-            return getattr(lik_n, method)(f, y, *e)
-
-        return jax.vmap(one, in_axes=(axis, 0, 0) + (0,) * len(extra))(lik, out, yb, *extra)
+        lik, axis = self._lik_axis()
+        return per_example_likelihood(method, lb if axis == 0 else lik, axis, out, yb, *extra)
 
 
 class GGNOp(_LikelihoodOperator):
@@ -219,14 +237,11 @@ class GGNOp(_LikelihoodOperator):
 
     def mv(self, v):
         t = self.unravel(v)
+        lik, axis = self._lik_axis()
 
         def batch(data):
             xb, yb, lb = data
-            f = self._batch_fn(xb)
-            out, jv = jax.jvp(f, (self.params,), (t,))
-            hjv = self._per_example("hvp", out, yb, lb, jv)
-            _, vjp = jax.vjp(f, self.params)
-            return _flat(vjp(hjv)[0])
+            return ggn_batch_product(self.fn, self.params, t, xb, yb, lb if axis == 0 else lik, axis)
 
         return batched_sum(batch, self._data(), self.batch_size)
 

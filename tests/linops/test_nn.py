@@ -264,3 +264,22 @@ def test_flax_nnx_adapter():
     assert_close(fn(params, X[1]), net(X[1]))
     J = lo.JacobianOp(fn, params, X, batch_size=3)
     assert_close(J.as_matrix(), _dense_jacobian(fn, params, X))
+
+
+def test_streaming_ggn_equals_the_in_memory_one(capsys):
+    rng = np.random.default_rng(19)
+    fn, params, X = _mlp(2, jnp.tanh), _params(20, 2), _inputs(21)
+    y = jnp.asarray(rng.integers(0, O, N))
+    in_memory = lo.GGNOp(fn, params, X, y, Categorical(), batch_size=3)
+    chunks = [(X[i : i + 3], y[i : i + 3]) for i in range(0, N, 3)]  # 3 + 3 + 1: the short batch counts
+    streaming = lo.StreamingGGNOp(fn, params, chunks, Categorical(), progress=True)
+    regenerated = lo.StreamingGGNOp(fn, params, lambda: iter(chunks), Categorical())
+    assert streaming.num_examples == N and "psd" in streaming.tags
+    v = jnp.linspace(-1.0, 1.0, in_memory.shape[0])
+    assert_close(streaming @ v, in_memory @ v, rtol=1e-12)
+    assert_close(regenerated @ v, in_memory @ v, rtol=1e-12)
+    assert "batch 3/3" in capsys.readouterr().err
+    with pytest.raises(TypeError, match="one-shot iterator"):
+        lo.StreamingGGNOp(fn, params, iter(chunks), Categorical())
+    with pytest.raises(ValueError, match=r"batch 1 has 3 inputs but 2 targets"):
+        lo.StreamingGGNOp(fn, params, [chunks[0], (X[3:6], y[3:5])], Categorical())
