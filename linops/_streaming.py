@@ -11,7 +11,7 @@ import numpy as np
 
 from linops import _tags
 from linops._base import LinearOperator, new_key
-from linops._nn import _check_batch_size, _check_model, ggn_batch_product
+from linops._nn import _check_model, ggn_batch_product
 from linops.likelihoods import Likelihood
 from linops.models import ravel
 
@@ -75,11 +75,15 @@ class StreamingGGNOp(LinearOperator):
     def __init__(self, fn, params, batches: Iterable | Callable, likelihood: Likelihood, *, progress: bool = False):
         who = "StreamingGGNOp"
         if not isinstance(likelihood, Likelihood):
-            raise TypeError(f"{who}: likelihood must be a linops.likelihoods.Likelihood, got {type(likelihood).__name__}")
+            raise TypeError(
+                f"{who}: likelihood must be a linops.likelihoods.Likelihood, got {type(likelihood).__name__}"
+            )
         if likelihood.per_example:
             raise ValueError(f"{who}: a per-example likelihood (heteroscedastic sigma) needs GGNOp on in-memory data")
         if not (callable(batches) or hasattr(batches, "__iter__")):
-            raise TypeError(f"{who}: batches must be a sequence of (inputs, targets) or a function returning an iterator")
+            raise TypeError(
+                f"{who}: batches must be a sequence of (inputs, targets) or a function returning an iterator"
+            )
         if hasattr(batches, "__next__"):
             raise TypeError(f"{who}: batches is a one-shot iterator; pass a list or a function returning a fresh one")
         n, count, outputs = 0, 0, None
