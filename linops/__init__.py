@@ -10,7 +10,7 @@ Example:
     Array(True, dtype=bool)
 """
 
-from linops import likelihoods, models, tags
+from linops import likelihoods, memory, models, tags
 from linops._base import LinearOperator, new_key
 from linops._composite import Inverse, Product, Scaled, Sum, Transpose, shift
 from linops._functions import (
@@ -41,7 +41,7 @@ __all__ = [
     "BlockDiagonal", "Complement", "count_matmuls", "Dense", "diag", "Diagonal", "eigh", "Estimate",
     "explain", "from_lineax", "FunctionOp", "GGNOp", "hutchinson", "Identity", "inv", "Inverse",
     "JacobianOp", "Kronecker", "likelihoods", "LinearOperator", "LineaxOp", "logdet",
-    "LossJacobianOp", "lower", "Lowered", "LowRank", "models", "new_key", "NoReduction", "pinv",
+    "LossJacobianOp", "lower", "Lowered", "LowRank", "memory", "models", "new_key", "NoReduction", "pinv",
     "Product", "ProjectorOp", "Rule", "RULES", "Scaled", "Selection", "shift", "simplify",
     "Solution", "solve", "sqrt", "StreamingGGNOp", "Sum", "tags", "to_lineax", "trace", "Transpose", "Zero",
 ]

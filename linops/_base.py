@@ -163,7 +163,13 @@ class LinearOperator(eqx.Module):
         return self.shape[0] == self.shape[1]
 
     def as_matrix(self) -> jax.Array:
-        """The dense ``(m, n)`` matrix. Always an explicit request: costs ``n`` products."""
+        """The dense ``(m, n)`` matrix. Always an explicit request: costs ``n`` products.
+
+        Raises `linops.memory.MemoryBudgetError` first when the matrix would not fit.
+        """
+        from linops.memory import check_dense
+
+        check_dense(self)
         return self.mm(jnp.eye(self.shape[1], dtype=self.dtype))
 
     def apply(self, x: Inexact[ArrayLike, " n *k"]) -> Inexact[Array, " m *k"]:

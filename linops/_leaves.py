@@ -198,6 +198,9 @@ class Diagonal(LinearOperator):
         return self
 
     def as_matrix(self):
+        from linops.memory import check_dense
+
+        check_dense(self)
         return jnp.diag(self.d)
 
     def _diag(self):

@@ -7,6 +7,7 @@ import textwrap
 
 import linops as lo
 import linops.likelihoods
+import linops.memory
 import linops.models
 import linops.testing
 import linops.testing.strategies
@@ -15,6 +16,7 @@ _MODULES = [
     "linops", "linops.tags", "linops._base", "linops._leaves", "linops._structured", "linops._composite",
     "linops._functions", "linops._projector", "linops._rules", "linops._lower", "linops._lineax",
     "linops.testing", "linops.testing.strategies", "linops.likelihoods", "linops.models", "linops._nn",
+    "linops._streaming", "linops.memory",
 ]
 
 
@@ -25,7 +27,7 @@ def _public(module):
 def test_every_public_name_has_a_runnable_example():
     missing = []
     objects = _public(lo) + _public(linops.testing) + _public(linops.testing.strategies)
-    objects += _public(linops.likelihoods) + _public(linops.models)
+    objects += _public(linops.likelihoods) + _public(linops.models) + _public(linops.memory)
     for name, obj in objects:
         if not (inspect.isclass(obj) or inspect.isfunction(obj)):
             continue

@@ -1,0 +1,48 @@
+"""Memory pre-flight: requests that cannot fit are refused before any work, with the size and the way out."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import pytest
+
+import linops as lo
+from linops.likelihoods import Categorical
+from linops.memory import MemoryBudgetError, check_fits, dense_bytes, format_bytes, program_bytes
+from linops.models import from_equinox
+
+
+def test_dense_requests_that_cannot_fit_are_refused_before_any_work():
+    calls = []
+    huge = lo.FunctionOp(lambda v: calls.append(1) or v, (10**6, 10**6), jnp.float32)
+    assert dense_bytes(huge) == 4 * 10**12
+    with pytest.raises(MemoryBudgetError, match=r"FunctionOp\(1000000, 1000000\)\.as_matrix\(\) needs 4\.0 TB"):
+        huge.as_matrix()
+    with pytest.raises(MemoryBudgetError, match=r"apply the operator to vectors"):
+        lo.Diagonal(jnp.ones(10**6)).as_matrix()
+    assert calls == []  # refused before a single product
+    small = lo.Dense(jnp.eye(3))
+    lo.memory.check_dense(small)  # fits: no error
+    with pytest.raises(MemoryBudgetError, match=r"needs 72 B but only 10 B are available"):
+        lo.memory.check_dense(small, limit=10)
+
+
+def test_check_fits_and_format_bytes():
+    check_fits(10, "x", "y", limit=10)
+    with pytest.raises(MemoryBudgetError, match="thing needs 2.5 GB but only 1.0 GB are available; do less"):
+        check_fits(2_500_000_000, "thing", "do less", limit=10**9)
+    assert format_bytes(999) == "999 B" and format_bytes(1500) == "1.5 kB"
+    assert lo.memory.available_bytes() is None or lo.memory.available_bytes() > 0
+
+
+def test_program_bytes_of_a_ggn_product_grow_with_the_batch_not_the_data():
+    model = eqx.nn.MLP(20, 5, 32, 1, activation=jnp.tanh, key=jax.random.key(0))
+    fn, params = from_equinox(model)
+    X = jax.random.normal(jax.random.key(1), (256, 20))
+    y = jax.random.randint(jax.random.key(2), (256,), 0, 5)
+    small = program_bytes(lo.GGNOp(fn, params, X, y, Categorical(), batch_size=8))
+    large = program_bytes(lo.GGNOp(fn, params, X, y, Categorical(), batch_size=256))
+    P = lo.GGNOp(fn, params, X, y, Categorical()).shape[0]
+    data = X.nbytes + y.nbytes
+    assert small >= data + P * X.dtype.itemsize
+    assert large > small  # activations of 256 examples at once against 8
+    assert program_bytes(lo.Dense(jnp.eye(4)), num_vectors=3) >= (16 + 12 + 12) * jnp.eye(1).dtype.itemsize
