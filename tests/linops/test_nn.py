@@ -283,3 +283,18 @@ def test_streaming_ggn_equals_the_in_memory_one(capsys):
         lo.StreamingGGNOp(fn, params, iter(chunks), Categorical())
     with pytest.raises(ValueError, match=r"batch 1 has 3 inputs but 2 targets"):
         lo.StreamingGGNOp(fn, params, [chunks[0], (X[3:6], y[3:5])], Categorical())
+
+
+def test_stochastic_ggn_diagonal_is_unbiased():
+    rng = np.random.default_rng(22)
+    fn, params, X = _mlp(1, jnp.tanh), _params(23, 1), _inputs(24)
+    y = jnp.asarray(rng.integers(0, O, N))
+    G = lo.GGNOp(fn, params, X, y, Categorical(), batch_size=4)
+    exact = np.asarray(lo.diag(G))
+    dense = np.asarray(jax.jit(lambda G: G.as_matrix())(G))
+    s = 4000
+    estimate = np.asarray(jax.jit(lambda G, k: lo.diag(G, method="hutchinson", key=k, num_samples=s))(
+        G, jax.random.key(0)))
+    # Rademacher probes: entry i has variance sum_{j != i} G_ij^2 per probe.
+    sd = np.sqrt((dense**2).sum(1) - np.diag(dense) ** 2) / np.sqrt(s)
+    assert np.all(np.abs(estimate - exact) <= 5 * sd + 1e-12)
