@@ -206,6 +206,11 @@ class GGNOp(_LikelihoodOperator):
     ``lo.diag(G, method="hutchinson", key=...)`` estimates it. ``G.as_matrix()`` costs
     ``P`` products and is only ever an explicit request.
 
+    Like every data-holding operator it carries a fresh stable key, part of its static
+    structure: a jitted function compiles again for each newly built `GGNOp`. In a loop,
+    build it once and swap arrays with ``eqx.tree_at(lambda g: g.params, G, new_params)``
+    (no recompilation), or build it inside the jitted function.
+
     Args:
         fn: per-example model ``fn(params, x) -> (O,)``.
         params: the params pytree.

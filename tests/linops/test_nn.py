@@ -298,3 +298,23 @@ def test_stochastic_ggn_diagonal_is_unbiased():
     # Rademacher probes: entry i has variance sum_{j != i} G_ij^2 per probe.
     sd = np.sqrt((dense**2).sum(1) - np.diag(dense) ** 2) / np.sqrt(s)
     assert np.all(np.abs(estimate - exact) <= 5 * sd + 1e-12)
+
+
+def test_swapping_params_with_tree_at_reuses_the_compiled_product():
+    rng = np.random.default_rng(25)
+    fn, params, X = _mlp(1, jnp.tanh), _params(26, 1), _inputs(27)
+    y = jnp.asarray(rng.integers(0, O, N))
+    G = lo.GGNOp(fn, params, X, y, Categorical(), batch_size=3)
+    traces = []
+
+    @jax.jit
+    def product(G, v):
+        traces.append(1)
+        return G @ v
+
+    v = jnp.ones(G.shape[0])
+    product(G, v)
+    new_params = jax.tree_util.tree_map(lambda a: 1.5 * a, params)
+    G2 = eqx.tree_at(lambda g: g.params, G, new_params)
+    assert_close(product(G2, v), lo.GGNOp(fn, new_params, X, y, Categorical(), batch_size=3) @ v, rtol=1e-12)
+    assert len(traces) == 1
