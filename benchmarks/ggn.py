@@ -53,7 +53,7 @@ from linops.likelihoods import Categorical
 from linops.models import ravel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import CompileEvents, fresh_jit, machine_info, rel_err  # noqa: E402
+from overhead import CompileEvents, _ratio, _s, fresh_jit, machine_info, rel_err  # noqa: E402
 
 GOAL_TIME = 1.2  # median per-round GGN / hand
 GOAL_MEM = 1.5   # (temp + output) bytes of a GGN product / of a gradient
@@ -363,14 +363,6 @@ DESCRIPTIONS = {
 
 def _ms(x):
     return f"{x * 1e3:,.3f}"
-
-
-def _s(x):
-    return "n/a" if x is None else f"{x:.3f}"
-
-
-def _ratio(r):
-    return f"{r['median']:.3f} ({r['p25']:.2f}-{r['p75']:.2f})"
 
 
 def _bytes(n):
