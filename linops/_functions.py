@@ -19,7 +19,7 @@ from linops import _tags
 from linops._base import LinearOperator, check_square, describe
 from linops._cg import cg, cg_many
 from linops._composite import Inverse
-from linops._leaves import Dense, check_vector, cutoff_inverse
+from linops._leaves import Dense, check_vector
 
 
 def _check_op(A, what):
@@ -355,4 +355,4 @@ def eigh(A: LinearOperator, *, method: str | None = None) -> tuple[Float[Array, 
 
 
 __all__ = ["Solution", "Estimate", "solve", "inv", "pinv", "sqrt", "diag", "trace", "logdet", "eigh",
-           "hutchinson", "cutoff_inverse"]
+           "hutchinson"]
