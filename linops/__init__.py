@@ -11,6 +11,7 @@ Example:
 """
 
 from linops import likelihoods, memory, models, tags
+from linops._alternating import AlternatingProjectionOp, Projection
 from linops._base import LinearOperator, new_key
 from linops._composite import Inverse, Product, Scaled, Sum, Transpose, shift
 from linops._functions import (
@@ -38,11 +39,12 @@ from linops._structured import BlockDiagonal, Kronecker, LowRank, Selection
 __version__ = "0.1.0"
 
 __all__ = [
-    "BlockDiagonal", "Complement", "count_matmuls", "Dense", "diag", "Diagonal", "eigh", "Estimate",
+    "AlternatingProjectionOp", "BlockDiagonal", "Complement", "count_matmuls", "Dense", "diag", "Diagonal",
+    "eigh", "Estimate",
     "explain", "from_lineax", "FunctionOp", "GGNOp", "hutchinson", "Identity", "inv", "Inverse",
     "JacobianOp", "Kronecker", "likelihoods", "LinearOperator", "LineaxOp", "logdet",
     "LossJacobianOp", "lower", "Lowered", "LowRank", "memory", "models", "new_key", "NoReduction", "pinv",
-    "Product", "ProjectorOp", "Rule", "RULES", "Scaled", "Selection", "shift", "simplify",
+    "Product", "Projection", "ProjectorOp", "Rule", "RULES", "Scaled", "Selection", "shift", "simplify",
     "Solution", "solve", "sqrt", "StreamingGGNOp", "Sum", "tags", "to_lineax", "trace", "Transpose", "Zero",
 ]
 

@@ -11,6 +11,19 @@ from linops._base import LinearOperator, describe, new_key
 from linops._leaves import Dense, default_rtol
 
 
+def gram_factor(gram, shape, rtol=None):
+    r"""``(W, rank)`` with $W^\top W = (M M^\top)^+$ from the Gram of an ``(m, n)`` matrix ``M``.
+
+    Eigenvalues below ``rtol * max eigenvalue`` count as zero (default ``max(m, n) * eps``).
+    """
+    gram = 0.5 * (gram + gram.T)
+    w, Q = jnp.linalg.eigh(gram)
+    rtol = default_rtol(shape, w.dtype) if rtol is None else rtol
+    keep = w > rtol * jnp.max(w)
+    scale = jnp.where(keep, 1.0 / jnp.sqrt(jnp.where(keep, w, 1.0)), 0.0)
+    return (Q * scale[None, :]).T, jnp.sum(keep)
+
+
 class ProjectorOp(LinearOperator):
     r"""Orthogonal projector onto $\operatorname{range}(M^\top)$ or $\ker(M)$ of a wide ``M``.
 
@@ -62,13 +75,8 @@ class ProjectorOp(LinearOperator):
             gram = M.matrix @ M.matrix.T
         else:
             gram = M.mm(M.rmm(jnp.eye(m, dtype=M.dtype)))
-        gram = 0.5 * (gram + gram.T)
-        w, Q = jnp.linalg.eigh(gram)
-        rtol = default_rtol(M.shape, w.dtype) if rtol is None else rtol
-        keep = w > rtol * jnp.max(w)
-        scale = jnp.where(keep, 1.0 / jnp.sqrt(jnp.where(keep, w, 1.0)), 0.0)
-        W = (Q * scale[None, :]).T
-        return cls(M, W, jnp.sum(keep), onto)
+        W, rank = gram_factor(gram, M.shape, rtol)
+        return cls(M, W, rank, onto)
 
     @classmethod
     def onto_row_space(cls, M, *, rtol: float | None = None) -> ProjectorOp:

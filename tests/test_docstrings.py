@@ -16,7 +16,7 @@ _MODULES = [
     "linops", "linops.tags", "linops._base", "linops._leaves", "linops._structured", "linops._composite",
     "linops._functions", "linops._projector", "linops._rules", "linops._lower", "linops._lineax",
     "linops.testing", "linops.testing.strategies", "linops.likelihoods", "linops.models", "linops._nn",
-    "linops._streaming", "linops.memory",
+    "linops._streaming", "linops.memory", "linops._alternating",
 ]
 
 
@@ -41,7 +41,7 @@ def test_every_public_name_has_a_runnable_example():
 # and in the operators that create them (A + B, A @ B, c * A, A.T, lo.inv, lo.lower).
 _EXAMPLE_IN_MODULE_DOC = {
     "Sum", "Product", "Scaled", "Transpose", "Inverse", "Lowered", "Solution", "Estimate",
-    "NoReduction", "Case", "Likelihood",
+    "NoReduction", "Case", "Likelihood", "Projection",
 }
 
 

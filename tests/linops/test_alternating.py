@@ -1,0 +1,139 @@
+"""AlternatingProjectionOp against the dense null-space projector (SVD / pseudo-inverse of J)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import linops as lo
+from linops.likelihoods import Gaussian
+from linops.models import ravel
+from linops.testing import assert_projector, assert_symmetric
+
+from ._util import assert_close
+
+D, H = 3, 14  # a tanh MLP with 101 parameters for O = 3
+
+
+def _fn(p, x):
+    return p["W2"] @ jnp.tanh(p["W1"] @ x + p["b1"]) + p["b2"]
+
+
+def _setup(seed, n, o=3):
+    rng = np.random.default_rng(seed)
+    params = {"W1": jnp.asarray(rng.standard_normal((H, D))), "b1": jnp.asarray(0.1 * rng.standard_normal(H)),
+              "W2": jnp.asarray(rng.standard_normal((o, H)) / 3), "b2": jnp.zeros(o)}
+    X = jnp.asarray(rng.standard_normal((n, D)))
+    flat, unravel = ravel(params)
+    J = np.asarray(jax.jacfwd(lambda v: jax.vmap(_fn, (None, 0))(unravel(v), X).reshape(-1))(flat))
+    null = np.eye(J.shape[1]) - np.linalg.pinv(J) @ J
+    x = jnp.asarray(rng.standard_normal(J.shape[1]))
+    return params, X, J, null, x
+
+
+def _error(value, null, x):
+    ref = null @ np.asarray(x)
+    return np.linalg.norm(np.asarray(value) - ref) / np.linalg.norm(ref)
+
+
+_project = jax.jit(lambda A, x: A.project(x))
+
+
+def test_acceleration_converges_where_plain_sweeps_stall():
+    """METHODS.md: 21 examples in batches of 4; plain sweeps are still far off, CG is exact."""
+    params, X, J, null, x = _setup(0, 21)
+    assert J.shape[0] < J.shape[1]  # a wide Jacobian: the kernel is not trivial
+    plain = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=4, method="plain", max_sweeps=300)
+    fast = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=4, rtol=1e-12, max_sweeps=300)
+    slow, quick = _project(plain, x), _project(fast, x)
+    assert _error(slow.value, null, x) > 1e-2
+    assert bool(quick.converged) and int(quick.sweeps) <= 300
+    assert _error(quick.value, null, x) < 1e-8
+    assert float(quick.kernel_residual) < 1e-10 < float(slow.kernel_residual)
+
+
+def test_accelerated_projection_stays_converged_when_given_more_sweeps():
+    params, X, _, null, x = _setup(1, 8)
+    for max_sweeps in (100, 3000):
+        A = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3, rtol=1e-13, max_sweeps=max_sweeps)
+        r = _project(A, x)
+        assert _error(r.value, null, x) < 1e-9
+        assert int(r.sweeps) < 100  # stopped by the residual rule, not by the cap
+
+
+def test_lemma_3_1_zero_training_variance_including_the_short_last_batch():
+    params, X, J, null, _ = _setup(2, 8)  # batches of 3, 3 and 2
+    A = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3, rtol=1e-12)
+    eps = jax.random.normal(jax.random.key(0), (J.shape[1], 5), jnp.float64)
+    samples = A @ eps  # several samples at once
+    assert_close(J @ np.asarray(samples), np.zeros((J.shape[0], 5)), atol=1e-9)
+    assert np.abs(J[-6:] @ np.asarray(samples)).max() < 1e-9  # the two examples of the last batch
+    assert_close(samples, null @ np.asarray(eps), atol=1e-8)
+    # Lemma 3.2: a test point outside the span of the training rows keeps variance.
+    x_test = jnp.asarray([[5.0, -3.0, 2.0]])
+    flat, unravel = ravel(params)
+    J_test = np.asarray(jax.jacfwd(lambda v: jax.vmap(_fn, (None, 0))(unravel(v), x_test).reshape(-1))(flat))
+    assert np.abs(J_test @ np.asarray(samples)).max() > 1e-3
+
+
+def test_plain_sweeps_match_the_dense_projector_when_the_batches_are_few():
+    params, X, _, null, x = _setup(3, 8)
+    A = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3, method="plain", max_sweeps=3000,
+                                                 rtol=1e-15)
+    r = _project(A, x)
+    assert _error(r.value, null, x) < 1e-8
+    history = np.asarray(r.residuals)[: int(r.sweeps)]
+    assert history[-1] < history[0]
+
+
+def test_symmetric_sweep_is_symmetric_and_the_plain_sweep_is_not():
+    params, X, J, _, _ = _setup(4, 8)
+    A = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3)
+    P = J.shape[1]
+    sym = lo.FunctionOp(lambda v: A.symmetric_sweep(v), (P, P), jnp.float64)
+    assert_symmetric(sym)
+    plain = np.asarray(lo.FunctionOp(lambda v: A.sweep(v), (P, P), jnp.float64).as_matrix())
+    assert np.abs(plain - plain.T).max() > 1e-6
+
+
+def test_from_matrix_matches_the_projector_op_on_a_rank_deficient_matrix():
+    rng = np.random.default_rng(5)
+    M = rng.standard_normal((7, 3)) @ rng.standard_normal((3, 12))  # rank 3, 7 rows
+    A = lo.AlternatingProjectionOp.from_matrix(jnp.asarray(M), batch_size=2, rtol=1e-13)
+    exact = lo.ProjectorOp.onto_null_space(jnp.asarray(M))
+    assert_close(A.as_matrix(), exact.as_matrix(), atol=1e-9)
+    assert "projector" in A.tags
+    assert_projector(A)
+
+
+def test_loss_projection_contains_the_jacobian_kernel_lemma_4_2():
+    params, X, J, null, x = _setup(6, 8)
+    Y = jnp.asarray(np.random.default_rng(7).standard_normal((8, 3)))
+    JL = lo.LossJacobianOp(_fn, params, X, Y, Gaussian(1.0)).as_matrix()
+    in_ker_J = null @ np.asarray(x)
+    assert_close(np.asarray(JL) @ in_ker_J, np.zeros(8), atol=1e-9)  # ker J ⊆ ker J_L
+    loss_proj = lo.AlternatingProjectionOp.from_loss_jacobian(_fn, params, X, Y, Gaussian(1.0), batch_size=3,
+                                                              rtol=1e-12)
+    v = loss_proj @ x
+    assert_close(np.asarray(JL) @ np.asarray(v), np.zeros(8), atol=1e-9)
+    ref = (np.eye(J.shape[1]) - np.linalg.pinv(np.asarray(JL)) @ np.asarray(JL)) @ np.asarray(x)
+    assert_close(v, ref, atol=1e-8)
+
+
+def test_loss_projection_equals_the_jacobian_projection_for_one_output():
+    params, X, J, null, x = _setup(8, 8, o=1)
+    Y = jnp.asarray(np.random.default_rng(9).standard_normal((8, 1)))
+    loss_proj = lo.AlternatingProjectionOp.from_loss_jacobian(_fn, params, X, Y, Gaussian(1.0), batch_size=3,
+                                                              rtol=1e-12)
+    assert_close(loss_proj @ x, null @ np.asarray(x), atol=1e-8)
+
+
+def test_bad_input_is_refused_with_a_clear_error():
+    params, X, _, _, _ = _setup(10, 8)
+    with pytest.raises(ValueError, match="batch_size 9 is larger than the 8 examples"):
+        lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=9)
+    with pytest.raises(ValueError, match="method must be 'cg' or 'plain'"):
+        lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3, method="svd")
+    A = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3)
+    with pytest.raises(ValueError, match=r"expected x of shape \(101,\), got \(3,\)"):
+        A.project(jnp.ones(3))
