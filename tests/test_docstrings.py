@@ -11,12 +11,13 @@ import linops.memory
 import linops.models
 import linops.testing
 import linops.testing.strategies
+import posteriors
 
 _MODULES = [
     "linops", "linops.tags", "linops._base", "linops._leaves", "linops._structured", "linops._composite",
     "linops._functions", "linops._projector", "linops._rules", "linops._lower", "linops._lineax",
     "linops.testing", "linops.testing.strategies", "linops.likelihoods", "linops.models", "linops._nn",
-    "linops._streaming", "linops.memory", "linops._alternating",
+    "linops._streaming", "linops.memory", "linops._alternating", "posteriors", "posteriors.projected",
 ]
 
 
@@ -28,6 +29,7 @@ def test_every_public_name_has_a_runnable_example():
     missing = []
     objects = _public(lo) + _public(linops.testing) + _public(linops.testing.strategies)
     objects += _public(linops.likelihoods) + _public(linops.models) + _public(linops.memory)
+    objects += _public(posteriors)
     for name, obj in objects:
         if not (inspect.isclass(obj) or inspect.isfunction(obj)):
             continue
@@ -41,7 +43,7 @@ def test_every_public_name_has_a_runnable_example():
 # and in the operators that create them (A + B, A @ B, c * A, A.T, lo.inv, lo.lower).
 _EXAMPLE_IN_MODULE_DOC = {
     "Sum", "Product", "Scaled", "Transpose", "Inverse", "Lowered", "Solution", "Estimate",
-    "NoReduction", "Case", "Likelihood", "Projection",
+    "NoReduction", "Case", "Likelihood", "Projection", "ProjectedPosterior",
 }
 
 

@@ -1,0 +1,112 @@
+"""The projected posteriors: lemma 3.1 end to end, sample moments, the optimal prior precision."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import posteriors as pst
+from linops.likelihoods import Gaussian
+from linops.models import ravel
+
+from ..linops._util import assert_close
+from ..linops.test_alternating import _fn, _setup
+
+
+def test_predictions_equal_the_map_on_every_training_example_and_vary_elsewhere():
+    params, X, J, null, _ = _setup(0, 8)  # batches of 3, 3 and a short one of 2
+    Y = jnp.zeros((8, 3))
+    post = pst.projected_posterior(_fn, params, (X, Y), batch_size=3, rtol=1e-12)
+    train = post.predictive_samples(jax.random.key(1), X, 16)
+    map_pred = jax.vmap(_fn, (None, 0))(params, X)
+    assert_close(train, jnp.broadcast_to(map_pred, train.shape), atol=1e-9)  # lemma 3.1
+    test_inputs = jnp.array([[5.0, -3.0, 2.0], [-4.0, 4.0, 0.5]])
+    assert float(post.ood_score(jax.random.key(2), test_inputs, 64).min()) > 1e-4  # lemma 3.2
+
+
+def test_sample_covariance_matches_the_projector_over_alpha():
+    params, X, _, null, _ = _setup(1, 8)
+    alpha = 4.0
+    post = pst.projected_posterior(_fn, params, X, batch_size=3, prior_precision=alpha, rtol=1e-10)
+    n = 20_000
+    samples = np.asarray(post.sample(jax.random.key(3), n))
+    centred = samples - np.asarray(post.mean)[None, :]
+    empirical = centred.T @ centred / n
+    target = null / alpha
+    k = np.trace(null)
+    # E||C - S||_F^2 = (tr(S^2) + tr(S)^2) / n for Gaussian samples; 3 standard deviations of slack.
+    bound = 3 * np.sqrt((k + k**2) / n) / alpha
+    assert np.linalg.norm(empirical - target) < bound
+    ones = jnp.ones(null.shape[1])
+    assert_close(post.covariance @ ones, target @ np.asarray(ones), atol=1e-8)
+
+
+def _linear_model(rank, seed=0):
+    rng = np.random.default_rng(seed)
+    N, P = 6, 9
+    X = rng.standard_normal((N, rank)) @ rng.standard_normal((rank, P))  # rank-deficient design
+    y = 3.0 * X @ rng.standard_normal(P)  # fit exactly: the large-noise-precision regime
+    theta_star = np.linalg.pinv(X) @ y  # the MAP as the noise precision grows and alpha -> 0
+    return X, y, theta_star
+
+
+def _exact_log_evidence(alpha, X, y, sigma):
+    """log N(y; 0, sigma^2 I + X X^T / alpha), through the eigenvalues of X X^T (stable)."""
+    lam, U = np.linalg.eigh(X @ X.T)
+    lam = np.where(lam > 1e-12 * lam.max(), lam, 0.0)  # rounding-level eigenvalues are zeros
+    var = sigma**2 + lam / alpha
+    return -0.5 * (np.sum((U.T @ y) ** 2 / var) + np.sum(np.log(var)) + X.shape[0] * np.log(2 * np.pi))
+
+
+def test_optimal_prior_precision_maximises_the_exact_evidence_of_a_rank_deficient_linear_model():
+    """METHODS.md, section 2: alpha* = r / ||theta*||^2 (the paper prints the inverse)."""
+    rank = 3
+    X, y, theta = _linear_model(rank)
+    fn = lambda w, x: (x @ w)[None]  # noqa: E731
+    post = pst.projected_posterior(fn, jnp.asarray(theta), jnp.asarray(X), batch_size=2, rtol=1e-12,
+                                   prior_precision="optimal", key=jax.random.key(0), num_trace_samples=4000)
+    grid = np.exp(np.linspace(np.log(1e-3), np.log(1e3), 4001))
+    evidence = [_exact_log_evidence(a, X, y, sigma=1e-4) for a in grid]
+    best = grid[int(np.argmax(evidence))]
+    assert abs(best - rank / (theta @ theta)) / best < 0.01  # the formula, with the exact rank
+    est = post.trace_estimate
+    assert abs(float(est.value) - (X.shape[1] - rank)) < 4 * float(est.standard_error)
+    assert abs(float(post.prior_precision) - best) / best < 0.05  # with Tr(Pi) from Hutchinson
+    printed = (theta @ theta) / rank  # the paper's printed formula: the optimal variance
+    assert abs(printed - best) / best > 1.0
+
+
+def test_optimal_prior_precision_scales_as_one_over_c_squared():
+    X, _, theta = _linear_model(3, seed=1)
+    fn = lambda w, x: (x @ w)[None]  # noqa: E731
+    a = pst.projected_posterior(fn, jnp.asarray(theta), jnp.asarray(X), batch_size=2, prior_precision="optimal",
+                                key=jax.random.key(5))
+    b = pst.projected_posterior(fn, jnp.asarray(3.0 * theta), jnp.asarray(X), batch_size=2,
+                                prior_precision="optimal", key=jax.random.key(5))
+    assert_close(b.prior_precision, a.prior_precision / 9.0, rtol=1e-6)
+
+
+def test_loss_projected_posterior_keeps_losses_to_first_order():
+    params, X, J, _, _ = _setup(2, 8)
+    Y = jnp.asarray(np.random.default_rng(3).standard_normal((8, 3)))
+    post = pst.loss_projected_posterior(_fn, params, (X, Y), Gaussian(1.0), batch_size=3, rtol=1e-12)
+    flat, unravel = ravel(params)
+    losses = lambda v: jax.vmap(lambda x, y: Gaussian(1.0).nll(_fn(unravel(v), x), y))(X, Y)  # noqa: E731
+    for s in post.sample(jax.random.key(4), 4):
+        delta = s - flat
+        for t in (1e-2, 1e-3):
+            change = np.abs(np.asarray(losses(flat + t * delta) - losses(flat)))
+            assert change.max() < 50 * t**2 * float(jnp.sum(delta**2))  # lemma 4.3: second order only
+
+
+def test_bad_input():
+    params, X, _, _, _ = _setup(4, 8)
+    with pytest.raises(ValueError, match="pass key="):
+        pst.projected_posterior(_fn, params, X, batch_size=3, prior_precision="optimal")
+    with pytest.raises(ValueError, match="prior_precision must be positive"):
+        pst.projected_posterior(_fn, params, X, batch_size=3, prior_precision=0.0)
+    bad = dict(params, b2=params["b2"].at[0].set(jnp.nan))
+    with pytest.raises(ValueError, match="non-finite"):
+        pst.projected_posterior(_fn, bad, X, batch_size=3)
+    with pytest.raises(ValueError, match=r"data must be an \(inputs, targets\) pair"):
+        pst.loss_projected_posterior(_fn, params, X, Gaussian(1.0), batch_size=3)
