@@ -32,6 +32,7 @@ from linops._base import LinearOperator, describe, new_key
 from linops._cg import cg
 from linops._nn import _check_model
 from linops._projector import gram_factor
+from linops.memory import check_fits
 from linops.models import ravel
 
 
@@ -107,6 +108,12 @@ class AlternatingProjectionOp(LinearOperator):
             raise ValueError(f"AlternatingProjectionOp: max_sweeps must be >= 1, got {max_sweeps}")
         self.params, self.data, self.forward, self.backward = params, data, forward, backward
         self.size, self.dtype_ = int(size), np.dtype(dtype)
+        batches = jax.tree_util.tree_leaves(data)[0].shape[0]
+        check_fits(  # the stored factors, plus one batch's R x R and R x P products while building them
+            (batches * rows * rows + rows * rows + rows * self.size) * self.dtype_.itemsize,
+            f"AlternatingProjectionOp: the factors of {batches} batches of {rows} rows ({self.size} parameters)",
+            "use a smaller batch_size, or from_loss_jacobian (one row per example whatever the outputs)",
+        )
         eye = jnp.eye(rows, dtype=self.dtype_)
 
         def factor(data_b):

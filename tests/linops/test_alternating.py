@@ -137,3 +137,30 @@ def test_bad_input_is_refused_with_a_clear_error():
     A = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3)
     with pytest.raises(ValueError, match=r"expected x of shape \(101,\), got \(3,\)"):
         A.project(jnp.ones(3))
+
+
+def test_factors_that_cannot_fit_are_refused_before_any_work():
+    wide = lambda p, x: jnp.tile(p * x[0], 5000)  # noqa: E731  (5,000 outputs per example)
+    with pytest.raises(lo.memory.MemoryBudgetError, match=r"factors of 1 batches of 1000000 rows .* needs"):
+        lo.AlternatingProjectionOp.from_jacobian(wide, jnp.ones(1), jnp.ones((200, 1)), batch_size=200)
+
+
+def test_plain_sweeps_decay_at_least_at_the_kayalar_weinert_rate():
+    """Two batches: ||(Q_2 Q_1)^t x - P x|| <= c^t ||x - P x||, c = cos^2 of the Friedrichs angle."""
+    rng = np.random.default_rng(11)
+    M = rng.standard_normal((4, 10))
+    M[3] = M[0] + 0.05 * rng.standard_normal(10)  # nearly aligned row spaces: slow convergence
+    A = lo.AlternatingProjectionOp.from_matrix(jnp.asarray(M), batch_size=2, method="plain", rtol=0.0,
+                                               max_sweeps=1)
+    exact = np.eye(10) - np.linalg.pinv(M) @ M
+    # Friedrichs angle between ker M_1 and ker M_2: the cosine is the largest singular value of
+    # Q_1 Q_2 restricted to the complement of the intersection.
+    Q1 = np.eye(10) - np.linalg.pinv(M[:2]) @ M[:2]
+    Q2 = np.eye(10) - np.linalg.pinv(M[2:]) @ M[2:]
+    c = np.linalg.norm(Q2 @ Q1 - exact, 2)
+    assert 0.5 < c < 1.0
+    x = rng.standard_normal(10)
+    v, start = jnp.asarray(x), np.linalg.norm(x - exact @ x)
+    for t in range(1, 40):
+        v = A.sweep(v)
+        assert np.linalg.norm(np.asarray(v) - exact @ x) <= c**t * start * (1 + 1e-9) + 1e-12
