@@ -19,6 +19,7 @@ Two ways to apply the projector $\Pi$:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import equinox as eqx
@@ -79,6 +80,8 @@ class AlternatingProjectionOp(LinearOperator):
         rtol: CG's relative residual tolerance (default ``sqrt(eps)``); for ``"plain"``,
             stop when a sweep changes the vector by less than ``rtol`` relatively (0: never).
         cutoff: relative eigenvalue cut-off of each Gram $M_b M_b^\top$ (default ``max(R, P) eps``).
+        progress: print the sweep count and residual to stderr as the iteration runs (off by
+            default; it adds a host callback per sweep).
 
     Example:
         >>> import jax.numpy as jnp, linops as lo
@@ -98,10 +101,11 @@ class AlternatingProjectionOp(LinearOperator):
     method: str = eqx.field(static=True)
     max_sweeps: int = eqx.field(static=True)
     rtol: float = eqx.field(static=True)
+    progress: bool = eqx.field(static=True)
     uid: int = eqx.field(static=True)
 
     def __init__(self, params, data, forward, backward, rows, size, dtype, *, method="cg", max_sweeps=500,
-                 rtol=None, cutoff=None):
+                 rtol=None, cutoff=None, progress=False):
         if method not in ("cg", "plain"):
             raise ValueError(f"AlternatingProjectionOp: method must be 'cg' or 'plain', got {method!r}")
         if int(max_sweeps) < 1:
@@ -125,6 +129,7 @@ class AlternatingProjectionOp(LinearOperator):
         self.method, self.max_sweeps = method, int(max_sweeps)
         default = float(np.sqrt(np.finfo(self.dtype_).eps)) if method == "cg" else 0.0
         self.rtol = default if rtol is None else float(rtol)
+        self.progress = bool(progress)
         self.uid = new_key()
 
     # --- constructors ------------------------------------------------------------------
@@ -249,7 +254,8 @@ class AlternatingProjectionOp(LinearOperator):
         # Relative to ||x||, not ||b||: for x (nearly) in the kernel, b is rounding noise with a
         # part outside range(I - T), and chasing it to a relative tolerance diverges.
         atol = self.rtol * jnp.linalg.norm(x)
-        u, converged, steps, residual = cg(I_minus_T, b, rtol=self.rtol, atol=atol, maxiter=self.max_sweeps)
+        u, converged, steps, residual = cg(I_minus_T, b, rtol=self.rtol, atol=atol, maxiter=self.max_sweeps,
+                                           callback=_report if self.progress else None)
         history = history.at[jnp.maximum(steps - 1, 0)].set(residual / jnp.maximum(jnp.linalg.norm(b), 1e-300))
         return x - u, steps + 1, converged, history
 
@@ -262,6 +268,8 @@ class AlternatingProjectionOp(LinearOperator):
             v, k, _, hist = state
             new = self.sweep(v)
             change = jnp.linalg.norm(new - v) / jnp.maximum(jnp.linalg.norm(v), jnp.finfo(v.dtype).tiny)
+            if self.progress:
+                jax.debug.callback(_report, k + 1, change)
             return new, k + 1, change, hist.at[k].set(change)
 
         v, k, change, history = lax.while_loop(cond, body, (x, jnp.asarray(0), jnp.asarray(jnp.inf, x.dtype), history))
@@ -280,6 +288,11 @@ class AlternatingProjectionOp(LinearOperator):
 
     def _pinv(self, rtol):
         return self
+
+
+def _report(sweep, residual):
+    print(f"\rAlternatingProjectionOp: sweep {int(sweep)}, residual {float(residual):.2e}", end="",
+          file=sys.stderr, flush=True)
 
 
 def _check_batch(batch_size, n):

@@ -13,8 +13,11 @@ import jax.numpy as jnp
 from jax import lax
 
 
-def cg(matvec, b, *, x0=None, rtol, atol, maxiter, precondition=None):
-    """Solve ``A x = b`` for one vector ``b``; returns ``(x, converged, steps, residual_norm)``."""
+def cg(matvec, b, *, x0=None, rtol, atol, maxiter, precondition=None, callback=None):
+    """Solve ``A x = b`` for one vector ``b``; returns ``(x, converged, steps, residual_norm)``.
+
+    ``callback(step, relative_residual)`` is called on the host after each step (for progress).
+    """
     precondition = precondition or (lambda r: r)
     # ||b|| itself over/underflows in float32 for |b| ~ 1e+-20: take it after dividing by max|b|.
     b_max = jnp.max(jnp.abs(b))
@@ -46,6 +49,8 @@ def cg(matvec, b, *, x0=None, rtol, atol, maxiter, precondition=None):
         rz_new = jnp.vdot(r, z)
         beta = jnp.where(broke | (rz == 0), 0.0, rz_new / jnp.where(rz == 0, 1.0, rz))
         p = z + beta * p
+        if callback is not None:
+            jax.debug.callback(callback, k + 1, jnp.linalg.norm(r))
         return x, r, p, rz_new, k + 1, broke
 
     state = (x, r, p, rz, jnp.asarray(0, jnp.int32), jnp.asarray(False))

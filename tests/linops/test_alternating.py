@@ -164,3 +164,13 @@ def test_plain_sweeps_decay_at_least_at_the_kayalar_weinert_rate():
     for t in range(1, 40):
         v = A.sweep(v)
         assert np.linalg.norm(np.asarray(v) - exact @ x) <= c**t * start * (1 + 1e-9) + 1e-12
+
+
+def test_progress_reports_sweeps_and_residuals(capsys):
+    params, X, _, null, x = _setup(12, 8)
+    A = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3, rtol=1e-10, progress=True)
+    r = _project(A, x)
+    jax.effects_barrier()
+    err = capsys.readouterr().err
+    assert f"sweep {int(r.sweeps) - 1}, residual" in err
+    assert _error(r.value, null, x) < 1e-7

@@ -24,6 +24,7 @@ def test_predictions_equal_the_map_on_every_training_example_and_vary_elsewhere(
     assert float(post.ood_score(jax.random.key(2), test_inputs, 64).min()) > 1e-4  # lemma 3.2
 
 
+@pytest.mark.slow
 def test_sample_covariance_matches_the_projector_over_alpha():
     params, X, _, null, _ = _setup(1, 8)
     alpha = 4.0
