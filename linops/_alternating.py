@@ -33,7 +33,7 @@ from linops._base import LinearOperator, describe, new_key
 from linops._cg import cg
 from linops._nn import _check_model
 from linops._projector import gram_factor
-from linops.memory import check_fits
+from linops.memory import MemoryBudgetError, check_fits
 from linops.models import ravel
 
 
@@ -73,13 +73,25 @@ class AlternatingProjectionOp(LinearOperator):
     projected posterior), `from_loss_jacobian` (the loss-projected posterior) or `from_matrix`.
     ``A @ x`` applies the projector; `project` also returns the diagnostics.
 
+    Set-up, per batch: the rows of $M_b$ come from per-example reverse passes (each row needs
+    only its own example), and the Gram $M_b M_b^\top$ from forward-mode products of $M_b$ with
+    them; it is factored by an eigendecomposition with a relative cut-off. Sweeps run in the
+    parameters' own pytree layout (no flattening per batch), and by default on a linearisation of
+    each batch stored once (the activations and derivatives of the forward pass, not the weights,
+    which are shared), so a sweep costs a tangent and a transposed pass per batch and no forward.
+
     Args (of the constructors):
         batch_size: examples (rows) per batch ``S``; the short last batch is projected too.
         method: ``"cg"`` (accelerated, default) or ``"plain"`` (the paper's sweeps).
         max_sweeps: the iteration cap (CG steps, or plain sweeps).
-        rtol: CG's relative residual tolerance (default ``sqrt(eps)``); for ``"plain"``,
+        rtol: CG's relative residual tolerance (default ``eps**(2/3)``: 2.4e-5 in float32, 3.7e-11 in
+            float64; CG keeps its best iterate and stops after 50 steps without progress, so a
+            tolerance below the attainable accuracy costs sweeps, never accuracy); for ``"plain"``,
             stop when a sweep changes the vector by less than ``rtol`` relatively (0: never).
         cutoff: relative eigenvalue cut-off of each Gram $M_b M_b^\top$ (default ``max(R, P) eps``).
+        store_linearization: keep each batch's linearisation for the sweeps (True), recompute the
+            forward pass in every sweep (False), or (None, default) keep it when it fits in memory.
+            `stores_linearization` says which was chosen.
         progress: print the sweep count and residual to stderr as the iteration runs (off by
             default; it adds a host callback per sweep).
 
@@ -94,8 +106,12 @@ class AlternatingProjectionOp(LinearOperator):
     params: object
     data: object
     W: jax.Array
+    stored: tuple
     forward: Callable = eqx.field(static=True)
     backward: Callable = eqx.field(static=True)
+    to_tree: Callable = eqx.field(static=True)
+    to_flat: Callable = eqx.field(static=True)
+    recipe: object = eqx.field(static=True)
     size: int = eqx.field(static=True)
     dtype_: np.dtype = eqx.field(static=True)
     method: str = eqx.field(static=True)
@@ -104,71 +120,129 @@ class AlternatingProjectionOp(LinearOperator):
     progress: bool = eqx.field(static=True)
     uid: int = eqx.field(static=True)
 
-    def __init__(self, params, data, forward, backward, rows, size, dtype, *, method="cg", max_sweeps=500,
-                 rtol=None, cutoff=None, progress=False):
+    def __init__(self, params, data, forward, backward, rows, num_rows, size, dtype, to_tree, to_flat, *,
+                 method="cg", max_sweeps=500, rtol=None, cutoff=None, store_linearization=None, progress=False):
+        # Internal: use `from_jacobian`, `from_loss_jacobian` or `from_matrix`.
+        #
+        # ``forward(params, data_b, t) -> (R,)`` is $M_b t$ for a tangent ``t`` in the parameters'
+        # pytree layout, ``backward(params, data_b, u)`` is $M_b^\top u$ in that layout, and
+        # ``rows(params, data_b)`` gives the R rows of $M_b$ stacked on a leading axis.
+        #
         if method not in ("cg", "plain"):
             raise ValueError(f"AlternatingProjectionOp: method must be 'cg' or 'plain', got {method!r}")
         if int(max_sweeps) < 1:
             raise ValueError(f"AlternatingProjectionOp: max_sweeps must be >= 1, got {max_sweeps}")
+        if store_linearization not in (None, True, False):
+            raise ValueError("AlternatingProjectionOp: store_linearization must be None, True or False, "
+                             f"got {store_linearization!r}")
         self.params, self.data, self.forward, self.backward = params, data, forward, backward
+        self.to_tree, self.to_flat = to_tree, to_flat
         self.size, self.dtype_ = int(size), np.dtype(dtype)
         batches = jax.tree_util.tree_leaves(data)[0].shape[0]
-        check_fits(  # the stored factors, plus one batch's R x R and R x P products while building them
-            (batches * rows * rows + rows * rows + rows * self.size) * self.dtype_.itemsize,
-            f"AlternatingProjectionOp: the factors of {batches} batches of {rows} rows ({self.size} parameters)",
-            "use a smaller batch_size, or from_loss_jacobian (one row per example whatever the outputs)",
-        )
-        eye = jnp.eye(rows, dtype=self.dtype_)
+        item = self.dtype_.itemsize
+        # The stored factors, plus one batch's rows (R x P) and Gram while building them.
+        base = (batches * num_rows * num_rows + 2 * num_rows * num_rows + 2 * num_rows * self.size) * item
+        what = f"AlternatingProjectionOp: the factors of {batches} batches of {num_rows} rows ({self.size} parameters)"
+        hint = "use a smaller batch_size, or from_loss_jacobian (one row per example whatever the outputs)"
+        check_fits(base, what, hint)
+        first = jax.tree_util.tree_map(lambda a: a[0], data)
+        found = {}
+        jax.eval_shape(lambda d: self._linearize(d, found)[0], first)
+        per_batch = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in found["stored"])
+        store = store_linearization
+        if store is None:
+            try:
+                check_fits(base + batches * per_batch, what, hint)
+                store = True
+            except MemoryBudgetError:
+                store = False
+        elif store:
+            check_fits(base + batches * per_batch, what + " and their stored linearisations",
+                       hint + ", or store_linearization=False (recompute the forward pass in every sweep)")
 
-        def factor(data_b):
-            # The Gram M_b M_b^T by R products M_b (M_b^T e_i): M_b is never materialised.
-            gram = jax.vmap(lambda e: forward(params, data_b, backward(params, data_b, e)))(eye)
-            return gram_factor(gram, (rows, self.size), cutoff)[0]
+        def gram(data_b):
+            stored, recipe = self._linearize(data_b, found)
+            linear = _rebuild(recipe, params, data_b, stored)
+            # The Gram M_b M_b^T = M_b (rows of M_b): per-example reverse passes, then forward mode.
+            return jax.vmap(linear)(rows(params, data_b)), (tuple(stored) if store else ())
 
-        self.W = lax.map(factor, data)
+        grams, self.stored = lax.map(gram, data)
+        # A separate loop: an eigendecomposition inside the loop above slows its products ~1.7x on CPU.
+        self.W = lax.map(lambda g: gram_factor(g, (num_rows, self.size), cutoff)[0], grams)
+        self.recipe = found["recipe"] if store else None
         self.method, self.max_sweeps = method, int(max_sweeps)
-        default = float(np.sqrt(np.finfo(self.dtype_).eps)) if method == "cg" else 0.0
+        default = float(np.finfo(self.dtype_).eps ** (2 / 3)) if method == "cg" else 0.0
         self.rtol = default if rtol is None else float(rtol)
         self.progress = bool(progress)
         self.uid = new_key()
+
+    def _linearize(self, data_b, found):
+        r"""Linearise ``t -> M_b t`` once: the stored arrays, and how to rebuild the linear map.
+
+        Arrays of the linearisation that ARE the params or the batch's data are referenced, not
+        stored, so only what the forward pass computes (activations, derivatives) is kept.
+        """
+        zeros = self.to_tree(jnp.zeros(self.size, self.dtype_))
+        linear = jax.linearize(lambda t: self.forward(self.params, data_b, t), zeros)[1]
+        leaves, treedef = jax.tree_util.tree_flatten(linear)
+        shared = {"p": jax.tree_util.tree_leaves(self.params), "d": jax.tree_util.tree_leaves(data_b)}
+        sources, stored = [], []
+        for leaf in leaves:
+            where = next(((k, i) for k, ls in shared.items() for i, x in enumerate(ls) if x is leaf), None)
+            if where is None:
+                where = ("s", len(stored))
+                stored.append(leaf)
+            sources.append(where)
+        found["recipe"], found["stored"] = (treedef, tuple(sources)), stored
+        return stored, (treedef, tuple(sources))
+
+    @property
+    def stores_linearization(self) -> bool:
+        """Whether the sweeps run on stored per-batch linearisations (else they recompute the forward)."""
+        return self.recipe is not None
 
     # --- constructors ------------------------------------------------------------------
 
     @classmethod
     def from_matrix(cls, M, *, batch_size: int, **options) -> AlternatingProjectionOp:
-        """Projector onto $\\ker M$ for a wide matrix ``M``, in batches of ``batch_size`` rows."""
+        r"""Projector onto $\ker M$ for a wide matrix ``M``, in batches of ``batch_size`` rows."""
         M = jnp.asarray(M)
         if M.ndim != 2:
             raise ValueError(f"AlternatingProjectionOp: M must be 2-D, got shape {M.shape}")
         _check_batch(batch_size, M.shape[0])
         blocks = M[_pad_indices(M.shape[0], batch_size)]  # (B, S, P)
-        return cls(None, blocks, lambda _, Mb, v: Mb @ v, lambda _, Mb, u: u @ Mb, batch_size, M.shape[1],
-                   M.dtype, **options)
+        return cls(None, blocks, lambda _, Mb, v: Mb @ v, lambda _, Mb, u: u @ Mb, lambda _, Mb: Mb, batch_size,
+                   M.shape[1], M.dtype, _identity, _identity, **options)
 
     @classmethod
     def from_jacobian(cls, fn, params, inputs, *, batch_size: int, **options) -> AlternatingProjectionOp:
-        """Projector onto $\\ker J$, $J$ the Jacobian of ``fn(params, x) -> (O,)`` on ``inputs``."""
+        r"""Projector onto $\ker J$, $J$ the Jacobian of ``fn(params, x) -> (O,)`` on ``inputs``."""
         n, o = _check_model(fn, params, inputs, "AlternatingProjectionOp")
         _check_batch(batch_size, n)
         flat, unravel = ravel(params)
         data = jax.tree_util.tree_map(lambda a: a[_pad_indices(n, batch_size)], inputs)
 
-        def batched(p, xb):
+        def batched(xb):
             return lambda q: jax.vmap(fn, in_axes=(None, 0))(q, xb)
 
-        def forward(p, xb, v):
-            return jax.jvp(batched(p, xb), (p,), (unravel(v),))[1].reshape(-1)
+        def forward(p, xb, t):
+            return jax.jvp(batched(xb), (p,), (t,))[1].reshape(-1)
 
         def backward(p, xb, u):
-            out, vjp = jax.vjp(batched(p, xb), p)
-            return ravel(vjp(u.reshape(out.shape).astype(out.dtype))[0])[0]
+            out, vjp = jax.vjp(batched(xb), p)
+            return vjp(u.reshape(out.shape).astype(out.dtype))[0]
 
-        return cls(params, data, forward, backward, batch_size * o, flat.shape[0], flat.dtype, **options)
+        def rows(p, xb):  # row n * O + o of M_b is example n's Jacobian row o
+            jac = jax.vmap(lambda x: jax.jacrev(fn)(p, x))(xb)
+            return jax.tree_util.tree_map(lambda a: a.reshape((-1,) + a.shape[2:]), jac)
+
+        return cls(params, data, forward, backward, rows, batch_size * o, flat.shape[0], flat.dtype, unravel,
+                   _flatten, **options)
 
     @classmethod
     def from_loss_jacobian(cls, fn, params, inputs, targets, likelihood, *, batch_size: int,
                            **options) -> AlternatingProjectionOp:
-        """Projector onto $\\ker J_L$ (rows $g_n^\\top J_n$): one row per example, whatever ``O``."""
+        r"""Projector onto $\ker J_L$ (rows $g_n^\top J_n$): one row per example, whatever ``O``."""
         from linops._nn import LossJacobianOp
 
         JL = LossJacobianOp(fn, params, inputs, targets, likelihood)  # validates everything
@@ -187,16 +261,21 @@ class AlternatingProjectionOp(LinearOperator):
             g = jax.vmap(lambda l_, o_, y_: l_.grad(o_, y_), in_axes=(lik_axis, 0, 0))(lik, f(p), yb)
             return f, lax.stop_gradient(g)
 
-        def forward(p, data_b, v):
+        def forward(p, data_b, t):
             f, g = grads(p, data_b)
-            return jnp.sum(g * jax.jvp(f, (p,), (unravel(v),))[1], axis=-1)
+            return jnp.sum(g * jax.jvp(f, (p,), (t,))[1], axis=-1)
 
         def backward(p, data_b, u):
             f, g = grads(p, data_b)
             _, vjp = jax.vjp(f, p)
-            return ravel(vjp(u[:, None].astype(g.dtype) * g)[0])[0]
+            return vjp(u[:, None].astype(g.dtype) * g)[0]
 
-        return cls(params, data, forward, backward, batch_size, flat.shape[0], flat.dtype, **options)
+        def rows(p, data_b):  # row n of M_b: the gradient of g_n . f(p, x_n), example n alone
+            _, g = grads(p, data_b)
+            return jax.vmap(lambda x, g_n: jax.grad(lambda q: jnp.sum(g_n * fn(q, x)))(p))(data_b[0], g)
+
+        return cls(params, data, forward, backward, rows, batch_size, flat.shape[0], flat.dtype, unravel,
+                   _flatten, **options)
 
     # --- the operator --------------------------------------------------------------------
 
@@ -216,24 +295,60 @@ class AlternatingProjectionOp(LinearOperator):
     def num_batches(self) -> int:
         return self.W.shape[0]
 
-    def _q(self, v, data_b, W_b):
-        return v - self.backward(self.params, data_b, W_b.T @ (W_b @ self.forward(self.params, data_b, v)))
+    def _linear(self, data_b, stored_b):
+        """The batch's linear map ``t -> M_b t`` (stored, or recomputed from the forward pass)."""
+        if self.recipe is None:
+            return lambda t: self.forward(self.params, data_b, t)
+        return _rebuild(self.recipe, self.params, data_b, stored_b)
+
+    def _q(self, t, batch):
+        data_b, W_b, stored_b = batch
+        u = self._linear(data_b, stored_b)(t)
+        c = W_b.T @ (W_b @ u)
+        if self.recipe is None:
+            g = self.backward(self.params, data_b, c)
+        else:
+            g = jax.linear_transpose(self._linear(data_b, stored_b), t)(c.astype(u.dtype))[0]
+        return jax.tree_util.tree_map(lambda a, b: a - b.astype(a.dtype), t, g)
+
+    def _batches(self):
+        return (self.data, self.W, self.stored)
+
+    def _scan(self, t, batches, reverse=False):
+        return lax.scan(lambda t, b: (self._q(t, b), None), t, batches, reverse=reverse)[0]
 
     def sweep(self, v):
-        """$Q_B \\cdots Q_1 v$: one pass over the batches."""
-        return lax.scan(lambda v, b: (self._q(v, *b), None), v, (self.data, self.W))[0]
+        """$Q_B \\cdots Q_1 v$: one pass over the batches (compiled once per operator)."""
+        return _sweep_jit(self, v)
+
+    def _sweep(self, v):
+        return self.to_flat(self._scan(self.to_tree(v), self._batches()))
 
     def symmetric_sweep(self, v):
-        """$Q_1 \\cdots Q_{B-1} Q_B Q_{B-1} \\cdots Q_1 v$ (symmetric PSD)."""
-        v = self.sweep(v)
-        rest = jax.tree_util.tree_map(lambda a: a[:-1], (self.data, self.W))
-        return lax.scan(lambda v, b: (self._q(v, *b), None), v, rest, reverse=True)[0]
+        """$Q_1 \\cdots Q_{B-1} Q_B Q_{B-1} \\cdots Q_1 v$ (symmetric PSD; compiled once per operator)."""
+        return _symmetric_sweep_jit(self, v)
+
+    def _symmetric_sweep(self, v):
+        t = self._scan(self.to_tree(v), self._batches())
+        rest = jax.tree_util.tree_map(lambda a: a[:-1], self._batches())
+        return self.to_flat(self._scan(t, rest, reverse=True))
 
     def _kernel_norm(self, v):
-        return jnp.sqrt(lax.map(lambda b: jnp.sum(self.forward(self.params, b, v) ** 2), self.data).sum())
+        t = self.to_tree(v)
+        return jnp.sqrt(lax.map(lambda b: jnp.sum(self._linear(b[0], b[2])(t) ** 2), self._batches()).sum())
 
     def project(self, x) -> Projection:
-        """$\\Pi x$ with its diagnostics (a `Projection`)."""
+        """$\\Pi x$ with its diagnostics (a `Projection`).
+
+        Compiled once per operator (``jax.jit`` with the operator as an argument), so repeated
+        calls, also through ``A @ x``, do not trace the iteration again.
+        """
+        x = jnp.asarray(x)
+        if x.shape != (self.size,):
+            raise ValueError(f"{describe(self)}.project: expected x of shape ({self.size},), got {x.shape}")
+        return _project_jit(self, x)
+
+    def _project(self, x) -> Projection:
         x = jnp.asarray(x, self.dtype)
         if x.shape != (self.size,):
             raise ValueError(f"{describe(self)}.project: expected x of shape ({self.size},), got {x.shape}")
@@ -248,14 +363,16 @@ class AlternatingProjectionOp(LinearOperator):
 
     def _project_cg(self, x, history):
         def I_minus_T(u):
-            return u - self.symmetric_sweep(u)
+            return u - self._symmetric_sweep(u)
 
         b = I_minus_T(x)
         # Relative to ||x||, not ||b||: for x (nearly) in the kernel, b is rounding noise with a
         # part outside range(I - T), and chasing it to a relative tolerance diverges.
         atol = self.rtol * jnp.linalg.norm(x)
+        # In finite precision the residual levels off and then grows past the attainable accuracy
+        # (float32: a kernel residual around 1e-4 to 1e-3): keep the best iterate, stop on a stall.
         u, converged, steps, residual = cg(I_minus_T, b, rtol=self.rtol, atol=atol, maxiter=self.max_sweeps,
-                                           callback=_report if self.progress else None)
+                                           callback=_report if self.progress else None, patience=_PATIENCE)
         history = history.at[jnp.maximum(steps - 1, 0)].set(residual / jnp.maximum(jnp.linalg.norm(b), 1e-300))
         return x - u, steps + 1, converged, history
 
@@ -266,7 +383,7 @@ class AlternatingProjectionOp(LinearOperator):
 
         def body(state):
             v, k, _, hist = state
-            new = self.sweep(v)
+            new = self._sweep(v)
             change = jnp.linalg.norm(new - v) / jnp.maximum(jnp.linalg.norm(v), jnp.finfo(v.dtype).tiny)
             if self.progress:
                 jax.debug.callback(_report, k + 1, change)
@@ -288,6 +405,26 @@ class AlternatingProjectionOp(LinearOperator):
 
     def _pinv(self, rtol):
         return self
+
+
+_project_jit = jax.jit(lambda A, x: A._project(x))
+_sweep_jit = jax.jit(lambda A, v: A._sweep(v))
+_symmetric_sweep_jit = jax.jit(lambda A, v: A._symmetric_sweep(v))
+_PATIENCE = 50  # CG steps without a new smallest residual before the projection stops
+
+
+def _identity(x):
+    return x
+
+
+def _flatten(tree):
+    return ravel(tree)[0]
+
+
+def _rebuild(recipe, params, data_b, stored_b):
+    treedef, sources = recipe
+    shared = {"p": jax.tree_util.tree_leaves(params), "d": jax.tree_util.tree_leaves(data_b), "s": stored_b}
+    return jax.tree_util.tree_unflatten(treedef, [shared[k][i] for k, i in sources])
 
 
 def _report(sweep, residual):

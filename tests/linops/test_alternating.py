@@ -174,3 +174,53 @@ def test_progress_reports_sweeps_and_residuals(capsys):
     err = capsys.readouterr().err
     assert f"sweep {int(r.sweeps) - 1}, residual" in err
     assert _error(r.value, null, x) < 1e-7
+
+
+def test_stored_linearization_gives_the_same_projector_and_stores_only_activations():
+    """The sweeps on stored per-batch linearisations equal the recomputing sweeps, both exact."""
+    params, X, _, null, x = _setup(13, 11)
+    stored = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=4, rtol=1e-12)
+    fresh = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=4, rtol=1e-12,
+                                                     store_linearization=False)
+    assert stored.stores_linearization and not fresh.stores_linearization
+    # The weights and the inputs are referenced, not copied per batch: what is stored is the
+    # hidden layer's derivative (3 batches x 4 examples x H), nothing of the params' size.
+    assert sum(a.size for a in stored.stored) <= 2 * 3 * 4 * H
+    assert fresh.stored == ()
+    v = jnp.asarray(np.random.default_rng(1).standard_normal(stored.size))
+    assert_close(stored.sweep(v), fresh.sweep(v), rtol=1e-12)
+    assert_close(stored.symmetric_sweep(v), fresh.symmetric_sweep(v), rtol=1e-12)
+    for A in (stored, fresh):
+        assert _error(_project(A, x).value, null, x) < 1e-8
+
+
+def test_loss_rows_and_matrix_rows_store_linearizations_too():
+    params, X, _, _, x = _setup(14, 9)
+    Y = jnp.asarray(np.random.default_rng(2).standard_normal((9, 3)))
+    a = lo.AlternatingProjectionOp.from_loss_jacobian(_fn, params, X, Y, Gaussian(1.0), batch_size=4, rtol=1e-12)
+    b = lo.AlternatingProjectionOp.from_loss_jacobian(_fn, params, X, Y, Gaussian(1.0), batch_size=4, rtol=1e-12,
+                                                      store_linearization=False)
+    assert a.stores_linearization
+    assert_close(a @ x, b @ x, atol=1e-10)
+    M = jnp.asarray(np.random.default_rng(3).standard_normal((5, 8)))
+    m = lo.AlternatingProjectionOp.from_matrix(M, batch_size=2, rtol=1e-13)
+    assert m.stored == ()  # M_b t needs nothing beyond the data
+    assert_close(m @ jnp.ones(8), (np.eye(8) - np.linalg.pinv(M) @ M) @ np.ones(8), atol=1e-10)
+
+
+def test_store_linearization_is_checked_and_refused_when_it_cannot_fit(monkeypatch):
+    params, X, _, _, _ = _setup(15, 8)
+    with pytest.raises(ValueError, match="store_linearization must be None, True or False, got 'yes'"):
+        lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3, store_linearization="yes")
+    import linops._alternating as alt
+
+    real = alt.check_fits
+    # Enough memory for the factors (3 batches x 9^2 and the rows) but not for the linearisations.
+    def tight(nbytes, what, alternative):
+        return real(nbytes, what, alternative, limit=18_500)
+
+    monkeypatch.setattr(alt, "check_fits", tight)
+    auto = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3)
+    assert not auto.stores_linearization  # the default falls back to recomputing
+    with pytest.raises(lo.memory.MemoryBudgetError, match="stored linearisations .* store_linearization=False"):
+        lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3, store_linearization=True)
