@@ -117,7 +117,8 @@ def projected_posterior(fn, params, data, *, batch_size: int, prior_precision=1.
         batch_size: examples per projection batch ``S``.
         prior_precision: a positive number, or ``"optimal"`` ($r/\|\theta^*\|^2$, needs ``key``).
         num_trace_samples: Hutchinson samples for $\operatorname{Tr}\Pi$.
-        projection_options: ``method``, ``max_sweeps``, ``rtol`` of `AlternatingProjectionOp`.
+        projection_options: ``method``, ``max_sweeps``, ``rtol``, ``cutoff``, ``store_linearization``,
+            ``progress`` of `AlternatingProjectionOp`.
 
     Example:
         >>> import jax, jax.numpy as jnp

@@ -224,3 +224,17 @@ def test_store_linearization_is_checked_and_refused_when_it_cannot_fit(monkeypat
     assert not auto.stores_linearization  # the default falls back to recomputing
     with pytest.raises(lo.memory.MemoryBudgetError, match="stored linearisations .* store_linearization=False"):
         lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3, store_linearization=True)
+
+
+def test_float32_cg_keeps_its_best_iterate_when_the_tolerance_is_out_of_reach():
+    """Past float32's attainable accuracy CG's residual grows; the projection must not get worse."""
+    params, X, J, null, x = _setup(16, 21)
+    to32 = lambda t: jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), t)  # noqa: E731
+    p32, X32, x32 = to32(params), X.astype(jnp.float32), x.astype(jnp.float32)
+    reachable = _project(lo.AlternatingProjectionOp.from_jacobian(_fn, p32, X32, batch_size=4, rtol=1e-4), x32)
+    greedy = _project(lo.AlternatingProjectionOp.from_jacobian(_fn, p32, X32, batch_size=4, rtol=1e-12,
+                                                               max_sweeps=3000), x32)
+    assert bool(reachable.converged) and not bool(greedy.converged)
+    assert int(greedy.sweeps) < 3000  # stopped by the stall rule, not the cap
+    assert _error(greedy.value, null, x) <= _error(reachable.value, null, x)
+    assert float(greedy.kernel_residual) < 1e-2
