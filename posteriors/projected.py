@@ -32,6 +32,8 @@ class ProjectedPosterior(eqx.Module):
         prior_precision: $\alpha$.
         trace_estimate: $\operatorname{Tr}\Pi$ with its standard error when $\alpha$ was chosen
             by ``"optimal"``, else None.
+        trace_draws: the projected Gaussian probes $\Pi\varepsilon_i$ of that estimate, shape
+            ``(P, k)`` (None without ``"optimal"``); `trace_samples` turns them into samples.
     """
 
     fn: Callable = eqx.field(static=True)
@@ -39,6 +41,7 @@ class ProjectedPosterior(eqx.Module):
     projection: lo.AlternatingProjectionOp
     prior_precision: jax.Array
     trace_estimate: lo.Estimate | None
+    trace_draws: jax.Array | None
     unravel: Callable = eqx.field(static=True)
 
     @property
@@ -55,6 +58,16 @@ class ProjectedPosterior(eqx.Module):
         """``n`` flat parameter samples, shape ``(n, P)`` (all projected in one batched run)."""
         eps = jax.random.normal(key, (self.mean.shape[0], n), self.mean.dtype)
         return self.mean[None, :] + (self.projection @ eps).T / jnp.sqrt(self.prior_precision)
+
+    def trace_samples(self) -> jax.Array:
+        r"""The ``k`` samples the trace estimate already paid for, shape ``(k, P)``.
+
+        $\theta^* + \alpha^{-1/2}\Pi\varepsilon_i$ for the Gaussian probes $\varepsilon_i$ of
+        ``prior_precision="optimal"``: draws from the posterior at no extra projection.
+        """
+        if self.trace_draws is None:
+            raise ValueError("trace_samples: there are none; they come with prior_precision='optimal'")
+        return self.mean[None, :] + self.trace_draws.T / jnp.sqrt(self.prior_precision)
 
     def predictive_samples(self, key: jax.Array, inputs, n: int) -> jax.Array:
         """Linearised predictive samples $f(\\theta^*, x) + J(x)(\\theta_s - \\theta^*)$, shape ``(n, M, O)``."""
@@ -75,36 +88,60 @@ class ProjectedPosterior(eqx.Module):
 def optimal_prior_precision(projection: lo.AlternatingProjectionOp, theta, key, num_samples: int = 100):
     r"""$\alpha^* = (P - \operatorname{Tr}\Pi) / \|\theta^*\|^2$, with $\operatorname{Tr}\Pi$ by Hutchinson.
 
-    Returns ``(alpha, estimate)``; ``estimate`` carries the trace's standard error.
+    The probes are standard Gaussian, so the projected probes $\Pi\varepsilon_i$ are also draws
+    of $\mathcal N(0, \Pi)$: the posteriors keep them as samples (`ProjectedPosterior.trace_samples`)
+    instead of paying for new projections. Returns ``(alpha, estimate)``; ``estimate`` carries the
+    trace's standard error.
 
     Example:
         >>> import jax, jax.numpy as jnp, linops as lo
         >>> from posteriors.projected import optimal_prior_precision
         >>> Pi = lo.AlternatingProjectionOp.from_matrix(jnp.array([[1.0, 0.0]]), batch_size=1)
-        >>> alpha, est = optimal_prior_precision(Pi, jnp.array([2.0, 0.0]), jax.random.key(0), 8)
-        >>> float(alpha), float(est.value)   # rank 1, ||theta||^2 = 4
-        (0.25, 1.0)
+        >>> alpha, est = optimal_prior_precision(Pi, jnp.array([2.0, 0.0]), jax.random.key(0), 400)
+        >>> bool(abs(est.value - 1.0) < 4 * est.standard_error)   # Tr = 1 (rank 1, ||theta||^2 = 4)
+        True
     """
-    estimate = lo.hutchinson(projection, key, num_samples)
+    alpha, estimate, _ = _optimal(projection, theta, key, num_samples)
+    return alpha, estimate
+
+
+def _optimal(projection, theta, key, num_samples):
+    if num_samples < 2:
+        raise ValueError(f"optimal_prior_precision: num_samples must be >= 2 for a standard error, got {num_samples}")
+    eps = jax.random.normal(key, (projection.shape[0], num_samples), projection.dtype)
+    draws = projection @ eps  # (P, k): also N(0, Pi) samples
+    per_probe = jnp.sum(eps * draws, axis=0)
+    estimate = lo.Estimate(jnp.mean(per_probe), jnp.std(per_probe, ddof=1) / jnp.sqrt(num_samples), num_samples)
     rank = projection.shape[0] - estimate.value
-    return rank / jnp.sum(jnp.asarray(theta) ** 2), estimate
+    return rank / jnp.sum(jnp.asarray(theta) ** 2), estimate, draws
+
+
+def _check_params(params, who):
+    flat, _ = ravel(params)
+    if not bool(jnp.all(jnp.isfinite(flat))):
+        raise ValueError(f"{who}: params contain non-finite values")
+
+
+def _check_prior(prior_precision, key, who):
+    if isinstance(prior_precision, str):
+        if prior_precision != "optimal":
+            raise ValueError(f"{who}: prior_precision must be a positive number or 'optimal', got {prior_precision!r}")
+        if key is None:
+            raise ValueError(f"{who}: prior_precision='optimal' estimates Tr(Pi) by Hutchinson: "
+                             "pass key=jax.random.key(...)")
+    else:
+        alpha = jnp.asarray(prior_precision)
+        if not isinstance(alpha, jax.core.Tracer) and not float(alpha) > 0:
+            raise ValueError(f"{who}: prior_precision must be positive, got {float(alpha)}")
 
 
 def _build(fn, params, projection, prior_precision, key, num_trace_samples):
     flat, unravel = ravel(params)
     if isinstance(prior_precision, str):
-        if prior_precision != "optimal":
-            raise ValueError(f"prior_precision must be a positive number or 'optimal', got {prior_precision!r}")
-        if key is None:
-            raise ValueError("prior_precision='optimal' estimates Tr(Pi) by Hutchinson: pass key=jax.random.key(...)")
-        alpha, estimate = optimal_prior_precision(projection, flat, key, num_trace_samples)
+        alpha, estimate, draws = _optimal(projection, flat, key, num_trace_samples)
     else:
-        alpha, estimate = jnp.asarray(prior_precision, flat.dtype), None
-        if not isinstance(alpha, jax.core.Tracer) and not float(alpha) > 0:
-            raise ValueError(f"prior_precision must be positive, got {float(alpha)}")
-    if not bool(jnp.all(jnp.isfinite(flat))):
-        raise ValueError("projected_posterior: params contain non-finite values")
-    return ProjectedPosterior(fn, params, projection, alpha, estimate, unravel)
+        alpha, estimate, draws = jnp.asarray(prior_precision, flat.dtype), None, None
+    return ProjectedPosterior(fn, params, projection, alpha, estimate, draws, unravel)
 
 
 def projected_posterior(fn, params, data, *, batch_size: int, prior_precision=1.0, key=None,
@@ -130,6 +167,8 @@ def projected_posterior(fn, params, data, *, batch_size: int, prior_precision=1.
         >>> bool(jnp.allclose(samples[:, :2], 1.0, atol=1e-5))   # fixed where the data speak
         True
     """
+    _check_params(params, "projected_posterior")
+    _check_prior(prior_precision, key, "projected_posterior")
     inputs = data[0] if isinstance(data, tuple) else data
     projection = lo.AlternatingProjectionOp.from_jacobian(fn, params, inputs, batch_size=batch_size,
                                                           **projection_options)
@@ -154,6 +193,8 @@ def loss_projected_posterior(fn, params, data, likelihood, *, batch_size: int, p
     """
     if not (isinstance(data, tuple) and len(data) == 2):
         raise ValueError("loss_projected_posterior: data must be an (inputs, targets) pair")
+    _check_params(params, "loss_projected_posterior")
+    _check_prior(prior_precision, key, "loss_projected_posterior")
     inputs, targets = data
     projection = lo.AlternatingProjectionOp.from_loss_jacobian(fn, params, inputs, targets, likelihood,
                                                                batch_size=batch_size, **projection_options)

@@ -109,5 +109,27 @@ def test_bad_input():
     bad = dict(params, b2=params["b2"].at[0].set(jnp.nan))
     with pytest.raises(ValueError, match="non-finite"):
         pst.projected_posterior(_fn, bad, X, batch_size=3)
+    with pytest.raises(ValueError, match="non-finite"):  # checked before the projection is built
+        pst.loss_projected_posterior(_fn, bad, (X, jnp.zeros((8, 3))), Gaussian(1.0), batch_size=3)
     with pytest.raises(ValueError, match=r"data must be an \(inputs, targets\) pair"):
         pst.loss_projected_posterior(_fn, params, X, Gaussian(1.0), batch_size=3)
+
+
+def test_the_trace_estimate_reuses_its_draws_as_posterior_samples():
+    """Hutchinson's Gaussian probes, projected once, are both the trace estimate and samples."""
+    params, X, J, null, _ = _setup(4, 8)
+    key = jax.random.key(6)
+    post = pst.projected_posterior(_fn, params, X, batch_size=3, rtol=1e-12, prior_precision="optimal", key=key,
+                                   num_trace_samples=64)
+    flat = ravel(params)[0]
+    eps = np.asarray(jax.random.normal(key, (flat.shape[0], 64), flat.dtype))
+    assert_close(post.trace_draws, null @ eps, atol=1e-8)  # the probes of `key`, projected
+    per_probe = np.sum(eps * (null @ eps), axis=0)
+    assert_close(post.trace_estimate.value, per_probe.mean(), rtol=1e-8)
+    samples = post.trace_samples()
+    assert samples.shape == (64, flat.shape[0])
+    # They are posterior samples: theta* + Pi eps / sqrt(alpha), training predictions unchanged.
+    assert_close(samples, np.asarray(flat)[None] + (null @ eps).T / np.sqrt(float(post.prior_precision)), atol=1e-8)
+    assert_close(J @ np.asarray(samples - flat[None]).T, np.zeros((J.shape[0], 64)), atol=1e-8)
+    with pytest.raises(ValueError, match="they come with prior_precision='optimal'"):
+        pst.projected_posterior(_fn, params, X, batch_size=3).trace_samples()
