@@ -127,7 +127,6 @@ class AlternatingProjectionOp(LinearOperator):
         # ``forward(params, data_b, t) -> (R,)`` is $M_b t$ for a tangent ``t`` in the parameters'
         # pytree layout, ``backward(params, data_b, u)`` is $M_b^\top u$ in that layout, and
         # ``rows(params, data_b)`` gives the R rows of $M_b$ stacked on a leading axis.
-        #
         if method not in ("cg", "plain"):
             raise ValueError(f"AlternatingProjectionOp: method must be 'cg' or 'plain', got {method!r}")
         if int(max_sweeps) < 1:
@@ -140,8 +139,9 @@ class AlternatingProjectionOp(LinearOperator):
         self.size, self.dtype_ = int(size), np.dtype(dtype)
         batches = jax.tree_util.tree_leaves(data)[0].shape[0]
         item = self.dtype_.itemsize
-        # The stored factors, plus one batch's rows (R x P) and Gram while building them.
-        base = (batches * num_rows * num_rows + 2 * num_rows * num_rows + 2 * num_rows * self.size) * item
+        # The Grams and their factors (both alive between the two loops), plus one batch's rows
+        # (R x P) and their forward-mode products while building them.
+        base = (2 * batches * num_rows * num_rows + 2 * num_rows * self.size) * item
         what = f"AlternatingProjectionOp: the factors of {batches} batches of {num_rows} rows ({self.size} parameters)"
         hint = "use a smaller batch_size, or from_loss_jacobian (one row per example whatever the outputs)"
         check_fits(base, what, hint)
@@ -303,12 +303,13 @@ class AlternatingProjectionOp(LinearOperator):
 
     def _q(self, t, batch):
         data_b, W_b, stored_b = batch
-        u = self._linear(data_b, stored_b)(t)
+        linear = self._linear(data_b, stored_b)
+        u = linear(t)
         c = W_b.T @ (W_b @ u)
         if self.recipe is None:
             g = self.backward(self.params, data_b, c)
         else:
-            g = jax.linear_transpose(self._linear(data_b, stored_b), t)(c.astype(u.dtype))[0]
+            g = jax.linear_transpose(linear, t)(c.astype(u.dtype))[0]
         return jax.tree_util.tree_map(lambda a, b: a - b.astype(a.dtype), t, g)
 
     def _batches(self):

@@ -217,7 +217,7 @@ def test_store_linearization_is_checked_and_refused_when_it_cannot_fit(monkeypat
     real = alt.check_fits
     # Enough memory for the factors (3 batches x 9^2 and the rows) but not for the linearisations.
     def tight(nbytes, what, alternative):
-        return real(nbytes, what, alternative, limit=18_500)
+        return real(nbytes, what, alternative, limit=19_500)
 
     monkeypatch.setattr(alt, "check_fits", tight)
     auto = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3)

@@ -133,3 +133,27 @@ def test_the_trace_estimate_reuses_its_draws_as_posterior_samples():
     assert_close(J @ np.asarray(samples - flat[None]).T, np.zeros((J.shape[0], 64)), atol=1e-8)
     with pytest.raises(ValueError, match="they come with prior_precision='optimal'"):
         pst.projected_posterior(_fn, params, X, batch_size=3).trace_samples()
+
+
+def test_done_when_an_equinox_model_keeps_its_training_predictions():
+    """The issue's user story: an Equinox MLP, (X, Y), batch_size=16 with a short last batch of 4."""
+    import equinox as eqx
+
+    from linops.models import from_equinox
+
+    model = eqx.nn.MLP(2, 3, 16, 1, activation=jnp.tanh, key=jax.random.key(0))
+    model = jax.tree_util.tree_map(lambda a: a.astype(jnp.float64) if eqx.is_inexact_array(a) else a, model)
+    fn, params = from_equinox(model)
+    X = jax.random.normal(jax.random.key(1), (20, 2), jnp.float64)
+    Y = jax.vmap(model)(X) + 0.1
+    post = pst.projected_posterior(fn, params, (X, Y), batch_size=16, prior_precision="optimal",
+                                   key=jax.random.key(2))
+    assert post.projection.num_batches == 2
+    assert 0 < float(post.trace_estimate.value) < post.mean.shape[0]  # a non-trivial kernel
+    train = post.predictive_samples(jax.random.key(3), X, 8)
+    map_pred = jax.vmap(model)(X)
+    spread = float(jnp.abs(post.sample(jax.random.key(3), 8) - post.mean[None, :]).max())
+    assert spread > 1e-2  # the samples do move the parameters...
+    assert_close(train, jnp.broadcast_to(map_pred, train.shape), atol=1e-7)  # ...but not the training fit
+    test_point = jnp.array([[4.0, -4.0]])
+    assert float(post.predictive_variance(jax.random.key(4), test_point, 16).max()) > 1e-6
