@@ -10,7 +10,7 @@ Example:
     Array(True, dtype=bool)
 """
 
-from linops import likelihoods, memory, models, tags
+from linops import kernels, likelihoods, memory, models, tags
 from linops._alternating import AlternatingProjectionOp, Projection
 from linops._base import LinearOperator, new_key
 from linops._composite import Inverse, Product, Scaled, Sum, Transpose, shift
@@ -35,6 +35,7 @@ from linops._projector import Complement, ProjectorOp
 from linops._rules import RULES, NoReduction, Rule, simplify
 from linops._streaming import StreamingGGNOp
 from linops._structured import BlockDiagonal, Kronecker, LowRank, Selection
+from linops.kernels import KernelGramOp
 
 __version__ = "0.1.0"
 
@@ -42,7 +43,7 @@ __all__ = [
     "AlternatingProjectionOp", "BlockDiagonal", "Complement", "count_matmuls", "Dense", "diag", "Diagonal",
     "eigh", "Estimate",
     "explain", "from_lineax", "FunctionOp", "GGNOp", "hutchinson", "Identity", "inv", "Inverse",
-    "JacobianOp", "Kronecker", "likelihoods", "LinearOperator", "LineaxOp", "logdet",
+    "JacobianOp", "kernels", "KernelGramOp", "Kronecker", "likelihoods", "LinearOperator", "LineaxOp", "logdet",
     "LossJacobianOp", "lower", "Lowered", "LowRank", "memory", "models", "new_key", "NoReduction", "pinv",
     "Product", "Projection", "ProjectorOp", "Rule", "RULES", "Scaled", "Selection", "shift", "simplify",
     "Solution", "solve", "sqrt", "StreamingGGNOp", "Sum", "tags", "to_lineax", "trace", "Transpose", "Zero",

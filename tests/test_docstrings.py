@@ -6,6 +6,7 @@ import sys
 import textwrap
 
 import linops as lo
+import linops.kernels
 import linops.likelihoods
 import linops.memory
 import linops.models
@@ -17,7 +18,7 @@ _MODULES = [
     "linops", "linops.tags", "linops._base", "linops._leaves", "linops._structured", "linops._composite",
     "linops._functions", "linops._projector", "linops._rules", "linops._lower", "linops._lineax",
     "linops.testing", "linops.testing.strategies", "linops.likelihoods", "linops.models", "linops._nn",
-    "linops._streaming", "linops.memory", "linops._alternating", "posteriors", "posteriors.projected",
+    "linops._streaming", "linops.memory", "linops._alternating", "linops.kernels", "posteriors", "posteriors.projected",
 ]
 
 
@@ -29,6 +30,7 @@ def test_every_public_name_has_a_runnable_example():
     missing = []
     objects = _public(lo) + _public(linops.testing) + _public(linops.testing.strategies)
     objects += _public(linops.likelihoods) + _public(linops.models) + _public(linops.memory)
+    objects += _public(linops.kernels)
     objects += _public(posteriors)
     for name, obj in objects:
         if not (inspect.isclass(obj) or inspect.isfunction(obj)):
