@@ -23,7 +23,8 @@ def _terms(op, scale=1.0):
     elif isinstance(op, Scaled):
         yield from _terms(op.op, scale * op.scalar)
     elif isinstance(op, (Identity, Diagonal, LowRank, Zero)):
-        yield type(op), scale, op
+        # The base kind, so subclasses (e.g. LanczosLowRankOp) take their parent's closed forms.
+        yield next(k for k in (LowRank, Diagonal, Identity, Zero) if isinstance(op, k)), scale, op
     else:
         raise KeyError(type(op).__name__)
 

@@ -1,0 +1,82 @@
+"""Lanczos against eigh on matrices with prescribed spectra, and its low-rank operators."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import linops as lo
+
+from ._util import assert_close
+
+
+def _prescribed(spectrum, seed=0):
+    rng = np.random.default_rng(seed)
+    Q, _ = np.linalg.qr(rng.standard_normal((len(spectrum), len(spectrum))))
+    return Q @ np.diag(spectrum) @ Q.T, Q
+
+
+def test_full_lanczos_recovers_the_spectrum_with_an_orthonormal_basis():
+    spectrum = np.array([10.0, 7.0, 3.0, 1.0, 0.3, 0.1, -0.5, -2.0])
+    M, _ = _prescribed(spectrum)
+    run = lo.lanczos(lo.Dense(jnp.asarray(M), tags={"symmetric"}), 8, key=jax.random.key(0))
+    assert int(run.steps) == 8
+    assert_close(run.Q.T @ run.Q, np.eye(8), atol=1e-12)  # full reorthogonalisation
+    assert_close(run.Q.T @ M @ run.Q, run.tridiagonal(), atol=1e-10)
+    w, U, res = run.ritz()
+    assert_close(w, spectrum[np.argsort(-np.abs(spectrum))], rtol=1e-10)
+    assert_close(np.asarray(M) @ np.asarray(U), np.asarray(U) * np.asarray(w)[None, :], atol=1e-9)
+    assert float(jnp.max(res)) < 1e-8
+
+
+def test_top_eigenpairs_of_a_decaying_spectrum_from_fewer_steps():
+    spectrum = np.concatenate([[100.0, 50.0, 25.0, 12.0], 0.01 * np.random.default_rng(1).random(96)])
+    M, Q = _prescribed(spectrum, seed=2)
+    A = lo.Dense(jnp.asarray(M), tags={"symmetric", "psd"})
+    L = lo.LanczosLowRankOp(A, 4, jax.random.key(3), num_steps=20)
+    assert_close(L.d, spectrum[:4], rtol=1e-10)
+    overlap = np.abs(np.sum(np.asarray(L.U) * Q[:, :4], axis=0))  # eigenvectors, up to sign
+    assert_close(overlap, np.ones(4), atol=1e-8)
+    assert float(L.residuals.max()) < 1e-6 * spectrum[0]
+    # It composes like any LowRank: Woodbury solve and the determinant lemma against dense.
+    dense = np.asarray(L.as_matrix()) + 0.5 * np.eye(100)
+    b = np.random.default_rng(4).standard_normal(100)
+    assert_close(lo.solve(L + 0.5 * lo.Identity(100), jnp.asarray(b)).value, np.linalg.solve(dense, b), rtol=1e-9)
+    assert_close(lo.logdet(L + 0.5 * lo.Identity(100)), np.linalg.slogdet(dense)[1], rtol=1e-10)
+    assert_close(lo.pinv(L).as_matrix(), np.linalg.pinv(np.asarray(L.as_matrix()), rcond=1e-10), atol=1e-10)
+
+
+def test_pinv_factor_is_the_pseudo_inverse_on_the_krylov_space():
+    spectrum = np.array([4.0, 2.0, 1.0, 0.5, 0.0, 0.0])  # PSD, rank 4
+    M, _ = _prescribed(spectrum, seed=5)
+    A = lo.Dense(jnp.asarray(M), tags={"symmetric", "psd"})
+    v0 = np.random.default_rng(6).standard_normal(6)
+    run = lo.lanczos(A, 6, v0=jnp.asarray(v0))
+    # The Krylov space is the 4-dimensional range plus v0's null-space component: invariant at 5.
+    assert int(run.steps) == 5
+    assert bool(jnp.all(jnp.isfinite(run.Q)))
+    assert_close(run.Q[:, 0], v0 / np.linalg.norm(v0), rtol=1e-12)  # started from the given vector
+    L = np.asarray(run.pinv_factor())
+    Q = np.asarray(run.Q)
+    T = np.asarray(run.tridiagonal())
+    assert_close(L @ L.T, Q @ np.linalg.pinv(T) @ Q.T, atol=1e-10)
+    # v0 has a component in the null space, so the Krylov space is the range plus that
+    # direction; on the range, L L^T is the pseudo-inverse.
+    P = M @ np.linalg.pinv(M)
+    assert_close(P @ L @ L.T @ P, np.linalg.pinv(M), atol=1e-9)
+
+
+def test_bad_input_is_refused_with_a_clear_error():
+    A = lo.Dense(jnp.eye(4), tags={"symmetric"})
+    with pytest.raises(ValueError, match="must be square and tagged symmetric"):
+        lo.lanczos(lo.Dense(jnp.ones((3, 4))), 2, key=jax.random.key(0))
+    with pytest.raises(ValueError, match=r"num_steps must be an integer in \[1, 4\]"):
+        lo.lanczos(A, 5, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="pass a start vector v0 or a PRNG key"):
+        lo.lanczos(A, 2)
+    with pytest.raises(ValueError, match=r"v0 must have shape \(4,\)"):
+        lo.lanczos(A, 2, v0=jnp.ones(3))
+    with pytest.raises(ValueError, match=r"rank must be an integer in \[1, 4\], got 5"):
+        lo.LanczosLowRankOp(A, 5, jax.random.key(0))
+    with pytest.raises(ValueError, match=r"num_steps \(2\) must be at least rank \(3\)"):
+        lo.LanczosLowRankOp(A, 3, jax.random.key(0), num_steps=2)
