@@ -8,6 +8,7 @@ Example:
     (2, 2)
 """
 
+from posteriors import context
 from posteriors.projected import (
     ProjectedPosterior,
     loss_projected_posterior,
@@ -17,4 +18,6 @@ from posteriors.projected import (
 
 __version__ = "0.1.0"
 
-__all__ = ["ProjectedPosterior", "loss_projected_posterior", "optimal_prior_precision", "projected_posterior"]
+__all__ = [
+    "context", "ProjectedPosterior", "loss_projected_posterior", "optimal_prior_precision", "projected_posterior",
+]

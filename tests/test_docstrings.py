@@ -19,7 +19,7 @@ _MODULES = [
     "linops._functions", "linops._projector", "linops._rules", "linops._lower", "linops._lineax",
     "linops.testing", "linops.testing.strategies", "linops.likelihoods", "linops.models", "linops._nn",
     "linops._streaming", "linops.memory", "linops._alternating", "linops.kernels", "linops._lanczos",
-    "posteriors", "posteriors.projected",
+    "posteriors", "posteriors.projected", "posteriors.context",
 ]
 
 
@@ -46,7 +46,7 @@ def test_every_public_name_has_a_runnable_example():
 # and in the operators that create them (A + B, A @ B, c * A, A.T, lo.inv, lo.lower).
 _EXAMPLE_IN_MODULE_DOC = {
     "Sum", "Product", "Scaled", "Transpose", "Inverse", "Lowered", "Solution", "Estimate",
-    "NoReduction", "Case", "Likelihood", "Projection", "ProjectedPosterior", "Lanczos",
+    "NoReduction", "Case", "Likelihood", "Projection", "ProjectedPosterior", "Lanczos", "GPFit",
 }
 
 
