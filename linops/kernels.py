@@ -318,7 +318,16 @@ class White(Kernel):
         return jnp.full(X.shape[:1], self.variance, X.dtype)
 
 
-class Sum(Kernel):
+class _Pair(Kernel):
+    left: Kernel
+    right: Kernel
+
+    def check_inputs(self, X, Y=None):
+        self.left.check_inputs(X, Y)
+        self.right.check_inputs(X, Y)
+
+
+class Sum(_Pair):
     """``k1 + k2``.
 
     Example:
@@ -328,13 +337,6 @@ class Sum(Kernel):
         Array([[5.]], dtype=float32)
     """
 
-    left: Kernel
-    right: Kernel
-
-    def check_inputs(self, X, Y=None):
-        self.left.check_inputs(X, Y)
-        self.right.check_inputs(X, Y)
-
     def _tile(self, X, Y, offset):
         return self.left._tile(X, Y, offset) + self.right._tile(X, Y, offset)
 
@@ -342,7 +344,7 @@ class Sum(Kernel):
         return self.left.diag(X) + self.right.diag(X)
 
 
-class Product(Kernel):
+class Product(_Pair):
     """``k1 * k2`` (elementwise: the product of PSD kernels is PSD, by Schur's theorem).
 
     Example:
@@ -351,13 +353,6 @@ class Product(Kernel):
         >>> (Linear() * Linear())(jnp.array([[2.0]]))
         Array([[16.]], dtype=float32)
     """
-
-    left: Kernel
-    right: Kernel
-
-    def check_inputs(self, X, Y=None):
-        self.left.check_inputs(X, Y)
-        self.right.check_inputs(X, Y)
 
     def _tile(self, X, Y, offset):
         return self.left._tile(X, Y, offset) * self.right._tile(X, Y, offset)
