@@ -1,13 +1,24 @@
-r"""Lanczos with full reorthogonalisation, and the low-rank operators built from it.
+r"""Lanczos with full reorthogonalisation, its adjoint, and the low-rank operators built from it.
 
 `lanczos` runs $m$ steps on a symmetric operator: one product with $A$ per step, and the
-reorthogonalisation against all earlier vectors as two matrix-vector products with the basis
-(classical Gram-Schmidt applied twice), not an inner loop. It returns the Krylov basis $Q$ and
-the tridiagonal $T = Q^\top A Q$ (a `Lanczos`), from which
+reorthogonalisation against all earlier vectors as matrix-vector products with the stored
+basis (classical Gram-Schmidt applied twice), not an inner loop. The basis is stored row by
+row, so both products read it contiguously. It returns the Krylov basis $Q$ and the
+tridiagonal $T = Q^\top A Q$ (a `Lanczos`), from which
 
 - `Lanczos.low_rank` gives the top Ritz pairs as $U \Lambda U^\top$ (`LanczosLowRankOp`), and
 - `Lanczos.pinv_factor` gives $L$ with $L L^\top = Q T^{+} Q^\top \approx A^{+}$ on the Krylov
   space (the factor FSP-Laplace uses, started from a given vector).
+
+Reverse-mode derivatives (w.r.t. the operator's arrays and the start vector) do not unroll
+the loop: a custom adjoint solves the linearised Lanczos relations
+
+$$A Q = Q T + r e_m^\top, \qquad Q^\top Q = I, \qquad Q^\top r = 0, \qquad Q e_1 = v / \|v\|$$
+
+backwards, one product with $A$ per step, then one batched vector-Jacobian product of
+$A \mapsto A Q$ (the approach of Krämer, Moreno-Muñoz, Roy and Hauberg, "Gradients of
+functions of large matrices", NeurIPS 2024; derived and written here for the symmetric,
+row-stored, early-stopping case). Memory is that of the forward pass: two $m \times n$ arrays.
 """
 
 from __future__ import annotations
@@ -61,9 +72,9 @@ class Lanczos(eqx.Module):
     def pinv_factor(self, rtol: float | None = None) -> jax.Array:
         r"""``L`` (``n x m``) with $L L^\top = Q T^+ Q^\top$, the pseudo-inverse on the Krylov space.
 
-        Ritz values below ``rtol`` times the largest (default ``m * eps``) count as zero; for an
-        indefinite $T$ their magnitudes are used, and negative ones are refused (the factor of a
-        pseudo-inverse exists for PSD operators only), as a NaN-free zero column.
+        Ritz values below ``rtol`` times the largest magnitude (default ``m * eps``) count as
+        zero, and so do negative ones (the factor of a pseudo-inverse exists for PSD operators
+        only): their columns of ``L`` are zero, without NaNs.
         """
         w, S = jnp.linalg.eigh(self.tridiagonal())
         rtol = self.alpha.shape[0] * float(np.finfo(w.dtype).eps) if rtol is None else rtol
@@ -77,6 +88,9 @@ def lanczos(A: LinearOperator, num_steps: int, *, key: jax.Array | None = None, 
 
     Start from ``v0`` when given (normalised here), else from a Gaussian vector drawn with ``key``.
     Stops early, with ``steps < num_steps``, when the Krylov space is invariant (a relative test).
+    Differentiable in reverse mode w.r.t. the operator's arrays and ``v0`` by a custom adjoint
+    (no unrolled loop); the derivative of the Ritz pairs is defined when the run did not stop
+    early (the padded zeros of $T$ are then repeated eigenvalues).
 
     Example:
         >>> import jax, jax.numpy as jnp, linops as lo
@@ -85,6 +99,9 @@ def lanczos(A: LinearOperator, num_steps: int, *, key: jax.Array | None = None, 
         >>> w, _, _ = res.ritz()
         >>> w.round(4)   # four steps on a 4 x 4 operator: the exact spectrum
         Array([5. , 3. , 1. , 0.5], dtype=float32)
+        >>> # d(largest eigenvalue)/d(diagonal) = e_1, through the adjoint
+        >>> jax.grad(lambda d: lo.lanczos(lo.Diagonal(d), 4, key=jax.random.key(0)).ritz()[0][0])(A.d).round(4)
+        Array([1., 0., 0., 0.], dtype=float32)
     """
     if not isinstance(A, LinearOperator):
         raise TypeError(f"lanczos: A must be a LinearOperator, got {type(A).__name__}")
@@ -101,8 +118,13 @@ def lanczos(A: LinearOperator, num_steps: int, *, key: jax.Array | None = None, 
     v0 = jnp.asarray(v0, A.dtype)
     if v0.shape != (n,):
         raise ValueError(f"lanczos: v0 must have shape ({n},) for {describe(A)}, got {v0.shape}")
-    m = int(num_steps)
-    dtype = A.dtype
+    basis, alpha, beta, steps = _tridiagonalise((A, v0), int(num_steps))
+    return Lanczos(basis.T, alpha, beta, steps)
+
+
+def _forward(A, v0, m):
+    """The Lanczos recursion: ``(basis (m, n) by rows, alpha, beta, steps, next unit vector)``."""
+    n, dtype = v0.shape[0], A.dtype
     tiny = float(np.finfo(dtype).eps) * m
 
     def cond(state):
@@ -111,13 +133,13 @@ def lanczos(A: LinearOperator, num_steps: int, *, key: jax.Array | None = None, 
 
     def body(state):
         j, Q, alpha, beta, q, _ = state
-        Q = Q.at[:, j].set(q)
-        w = A @ q
+        Q = Q.at[j].set(q)
+        w = A.mv(q)
         a = jnp.vdot(q, w)
-        # Full reorthogonalisation against every basis vector so far, twice: this also removes
-        # the a q + b q_prev terms of the three-term recurrence.
-        w = w - Q @ (Q.T @ w)
-        w = w - Q @ (Q.T @ w)
+        # Full reorthogonalisation against every basis vector so far, twice; this also removes
+        # the a q + b q_prev terms of the three-term recurrence. (Rows past j are zero.)
+        w = w - (Q @ w) @ Q
+        w = w - (Q @ w) @ Q
         b = jnp.linalg.norm(w)
         scale = jnp.maximum(jnp.max(jnp.abs(alpha)), jnp.abs(a))
         done = ~(b > tiny * jnp.maximum(scale, jnp.max(beta)))  # invariant subspace (or NaN)
@@ -126,10 +148,99 @@ def lanczos(A: LinearOperator, num_steps: int, *, key: jax.Array | None = None, 
         return j + 1, Q, alpha, beta, q, done
 
     q0 = v0 / jnp.linalg.norm(v0)
-    state = (jnp.asarray(0), jnp.zeros((n, m), dtype), jnp.zeros(m, dtype), jnp.zeros(m, dtype), q0,
+    state = (jnp.asarray(0), jnp.zeros((m, n), dtype), jnp.zeros(m, dtype), jnp.zeros(m, dtype), q0,
              jnp.asarray(False))
-    steps, Q, alpha, beta, _, _ = lax.while_loop(cond, body, state)
-    return Lanczos(Q, alpha, beta, steps)
+    steps, Q, alpha, beta, q_next, _ = lax.while_loop(cond, body, state)
+    return Q, alpha, beta, steps, q_next
+
+
+@eqx.filter_custom_vjp
+def _tridiagonalise(operands, m):
+    A, v0 = operands
+    return _forward(A, v0, m)[:4]
+
+
+@_tridiagonalise.def_fwd
+def _tridiagonalise_fwd(perturbed, operands, m):
+    A, v0 = operands
+    Q, alpha, beta, steps, q_next = _forward(A, v0, m)
+    return (Q, alpha, beta, steps), (Q, alpha, beta, steps, q_next)
+
+
+@_tridiagonalise.def_bwd
+def _tridiagonalise_bwd(residuals, cotangents, perturbed, operands, m):
+    r"""The adjoint of the Lanczos relations, solved backwards (0-based steps $j$).
+
+    With multipliers $\Lambda = [\lambda_0, \dots]$ for $AQ = QH + re^\top$, a symmetric $\Sigma$
+    for $Q^\top Q = I$, $\gamma$ for $Q^\top r = 0$ and $\mu$ for the start vector, the
+    stationarity conditions read, column by column,
+    $\beta_{j-1}\lambda_{j-1} = \bar q_j + A\lambda_j - \alpha_j\lambda_j - \beta_j\lambda_{j+1}
+    + Q\Sigma_{:,j} + \gamma_j r$, where the rows $l \le j$ of $\Sigma_{:,j}$ follow from
+    $(Q^\top\lambda_{j-1})_l = \bar H_{l,j-1}$ and the rows $l > j$ from the symmetry of $\Sigma$.
+    Then $\bar A = \sum_j \lambda_j q_j^\top$ (one VJP of $A \mapsto AQ$) and
+    $\bar v = -\|v\|^{-1}(I - q_0 q_0^\top)\mu$.
+    """
+    A, v0 = operands
+    Q, alpha, beta, steps, q_next = residuals
+    Q_bar, alpha_bar, beta_bar, _ = cotangents
+    dtype = Q.dtype
+    Q_bar = jnp.zeros_like(Q) if Q_bar is None else Q_bar
+    alpha_bar = jnp.zeros_like(alpha) if alpha_bar is None else alpha_bar
+    beta_bar = jnp.zeros_like(beta) if beta_bar is None else beta_bar
+    s = steps
+    last = s - 1
+    idx = jnp.arange(m)
+    b_last = beta[last]
+    r = b_last * q_next
+    r_bar = beta_bar[last] * q_next  # d||r||/dr = r/||r|| = q_next (zero after an early stop)
+    gamma = jnp.where(idx == last, alpha_bar[last], 0.0).astype(dtype) - Q @ r_bar
+    lam_last = r_bar + gamma @ Q
+
+    def column(j, lam_j, lam_next, Sigma, known):
+        """$\\Sigma_{:,j}$ and the right-hand side of the equation for $\\lambda_{j-1}$."""
+        A_lam = A.mv(lam_j)
+        c_j, c_next = Q @ lam_j, Q @ lam_next
+        b_next = jnp.where(j < last, beta[j], 0.0)
+        upper = beta[jnp.maximum(j - 1, 0)] * known - Q @ Q_bar[j] - Q @ A_lam + alpha[j] * c_j + b_next * c_next
+        col = jnp.where(idx <= j, upper, Sigma[:, j])
+        col = jnp.where(idx == 0, jnp.where(j == 0, 0.0, col), col)  # Sigma_00 is free: take 0
+        rhs = Q_bar[j] + A_lam - alpha[j] * lam_j - b_next * lam_next + col @ Q + gamma[j] * r
+        return col, rhs
+
+    def cond(state):
+        return state[0] >= 1
+
+    def body(state):
+        j, lam_j, lam_next, Sigma, Lam = state
+        # Known components of Q^T lambda_{j-1}: H_bar[j-1, j-1] = alpha_bar, H_bar[j, j-1] = beta_bar.
+        known = jnp.where(idx == j - 1, alpha_bar[j - 1], 0.0) + jnp.where(idx == j, beta_bar[j - 1], 0.0)
+        known = known.astype(dtype)
+        col, rhs = column(j, lam_j, lam_next, Sigma, known)
+        Sigma = Sigma.at[:, j].set(col).at[j, :].set(col)
+        lam_prev = rhs / beta[j - 1]
+        # Re-impose the known components exactly (the backward recursion amplifies rounding).
+        mask = (idx <= j).astype(dtype)
+        lam_prev = lam_prev + (mask * (known - Q @ lam_prev)) @ Q
+        Lam = Lam.at[j - 1].set(lam_prev)
+        return j - 1, lam_prev, lam_j, Sigma, Lam
+
+    Lam = jnp.zeros_like(Q).at[last].set(lam_last)
+    state = (last, lam_last, jnp.zeros_like(lam_last), jnp.zeros((m, m), dtype), Lam)
+    _, lam_0, lam_1, Sigma, Lam = lax.while_loop(cond, body, state)
+    _, rhs0 = column(jnp.asarray(0), lam_0, lam_1, Sigma, jnp.zeros(m, dtype))
+    mu = -rhs0
+    q0 = Q[0]
+    v_bar = -(mu - jnp.vdot(q0, mu) * q0) / jnp.linalg.norm(v0)
+
+    A_perturbed, v_perturbed = perturbed
+    if any(jax.tree_util.tree_leaves(A_perturbed)):
+        _, vjp = eqx.filter_vjp(lambda op: op.mm(Q.T), A)
+        (A_bar,) = vjp(Lam.T)
+        A_bar = jax.tree_util.tree_map(lambda g, p: g if p else None, A_bar, A_perturbed,
+                                       is_leaf=lambda x: x is None)
+    else:
+        A_bar = jax.tree_util.tree_map(lambda _: None, A_perturbed)
+    return A_bar, (v_bar if v_perturbed else None)
 
 
 class LanczosLowRankOp(LowRank):
@@ -138,7 +249,8 @@ class LanczosLowRankOp(LowRank):
     A `LowRank` with orthonormal ``U``: it composes like one (a shift solves by Woodbury,
     `lo.logdet` by the determinant lemma, `lo.pinv` and `lo.sqrt` in closed form).
     ``residuals`` holds each Ritz pair's $\|A u_i - \lambda_i u_i\|$ (the convergence
-    information) and ``steps`` the Lanczos steps run.
+    information) and ``steps`` the Lanczos steps run. Differentiable in reverse mode through
+    the adjoint of `lanczos`.
 
     Args:
         A: a symmetric operator.
