@@ -1,5 +1,9 @@
 """posteriors: Laplace-family posteriors built on `linops`.
 
+Every posterior is a `GaussianPosterior` over the flat parameters of a per-example model
+``fn(params, x) -> (O,)``: ``.mean``, ``.covariance`` (a `linops` operator), ``.sample(key, n)``
+and the linearised predictive.
+
 Example:
     >>> import jax.numpy as jnp
     >>> import posteriors as pst
@@ -9,6 +13,8 @@ Example:
 """
 
 from posteriors import context
+from posteriors.fsp import FSPInfo, FSPLaplacePosterior, GPPrior, fsp_laplace, fsp_objective, rkhs_norm
+from posteriors.gaussian import GaussianPosterior, LowRankPosterior
 from posteriors.projected import (
     ProjectedPosterior,
     loss_projected_posterior,
@@ -19,5 +25,7 @@ from posteriors.projected import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "context", "ProjectedPosterior", "loss_projected_posterior", "optimal_prior_precision", "projected_posterior",
+    "context", "FSPInfo", "FSPLaplacePosterior", "fsp_laplace", "fsp_objective", "GaussianPosterior", "GPPrior",
+    "LowRankPosterior", "loss_projected_posterior", "optimal_prior_precision", "ProjectedPosterior",
+    "projected_posterior", "rkhs_norm",
 ]

@@ -12,17 +12,15 @@ which is the optimal prior VARIANCE; its own appendix A.3 gives the precision us
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 import linops as lo
 from linops.models import ravel
+from posteriors.gaussian import GaussianPosterior
 
 
-class ProjectedPosterior(eqx.Module):
+class ProjectedPosterior(GaussianPosterior):
     r"""A Gaussian posterior $\mathcal N(\theta^*, \alpha^{-1}\Pi)$ over flat parameters.
 
     Attributes:
@@ -36,18 +34,10 @@ class ProjectedPosterior(eqx.Module):
             ``(P, k)`` (None without ``"optimal"``); `trace_samples` turns them into samples.
     """
 
-    fn: Callable = eqx.field(static=True)
-    params: object
     projection: lo.AlternatingProjectionOp
     prior_precision: jax.Array
     trace_estimate: lo.Estimate | None
     trace_draws: jax.Array | None
-    unravel: Callable = eqx.field(static=True)
-
-    @property
-    def mean(self) -> jax.Array:
-        """$\\theta^*$ as a flat vector."""
-        return ravel(self.params)[0]
 
     @property
     def covariance(self) -> lo.LinearOperator:
@@ -68,17 +58,6 @@ class ProjectedPosterior(eqx.Module):
         if self.trace_draws is None:
             raise ValueError("trace_samples: there are none; they come with prior_precision='optimal'")
         return self.mean[None, :] + self.trace_draws.T / jnp.sqrt(self.prior_precision)
-
-    def predictive_samples(self, key: jax.Array, inputs, n: int) -> jax.Array:
-        """Linearised predictive samples $f(\\theta^*, x) + J(x)(\\theta_s - \\theta^*)$, shape ``(n, M, O)``."""
-        deltas = self.sample(key, n) - self.mean[None, :]
-        f = lambda p: jax.vmap(self.fn, in_axes=(None, 0))(p, inputs)  # noqa: E731
-        mean = f(self.params)
-        return mean[None] + jax.vmap(lambda d: jax.jvp(f, (self.params,), (self.unravel(d),))[1])(deltas)
-
-    def predictive_variance(self, key: jax.Array, inputs, n: int) -> jax.Array:
-        """Monte Carlo variance of each output's linearised prediction, shape ``(M, O)``."""
-        return jnp.var(self.predictive_samples(key, inputs, n), axis=0, ddof=1)
 
     def ood_score(self, key: jax.Array, inputs, n: int) -> jax.Array:
         """The out-of-distribution score: the largest output variance per input, shape ``(M,)``."""
@@ -141,7 +120,8 @@ def _build(fn, params, projection, prior_precision, key, num_trace_samples):
         alpha, estimate, draws = _optimal(projection, flat, key, num_trace_samples)
     else:
         alpha, estimate, draws = jnp.asarray(prior_precision, flat.dtype), None, None
-    return ProjectedPosterior(fn, params, projection, alpha, estimate, draws, unravel)
+    return ProjectedPosterior(fn=fn, params=params, unravel=unravel, projection=projection, prior_precision=alpha,
+                              trace_estimate=estimate, trace_draws=draws)
 
 
 def projected_posterior(fn, params, data, *, batch_size: int, prior_precision=1.0, key=None,

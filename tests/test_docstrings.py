@@ -18,8 +18,10 @@ _MODULES = [
     "linops", "linops.tags", "linops._base", "linops._leaves", "linops._structured", "linops._composite",
     "linops._functions", "linops._projector", "linops._rules", "linops._lower", "linops._lineax",
     "linops.testing", "linops.testing.strategies", "linops.likelihoods", "linops.models", "linops._nn",
-    "linops._streaming", "linops.memory", "linops._alternating", "linops.kernels", "linops._lanczos",
-    "posteriors", "posteriors.projected", "posteriors.context",
+    "linops._streaming", "linops.memory", "linops._alternating", "linops._lanczos",
+    "linops.kernels", "linops.kernels._base", "linops.kernels._stationary", "linops.kernels._basic",
+    "linops.kernels._combine", "linops.kernels._multioutput", "linops.kernels._gram", "linops.kernels._gp",
+    "posteriors", "posteriors.projected", "posteriors.context", "posteriors.gaussian", "posteriors.fsp",
 ]
 
 
@@ -47,6 +49,7 @@ def test_every_public_name_has_a_runnable_example():
 _EXAMPLE_IN_MODULE_DOC = {
     "Sum", "Product", "Scaled", "Transpose", "Inverse", "Lowered", "Solution", "Estimate",
     "NoReduction", "Case", "Likelihood", "Projection", "ProjectedPosterior", "Lanczos", "GPFit",
+    "GaussianPosterior", "FSPInfo", "FSPLaplacePosterior",
 }
 
 

@@ -1,0 +1,114 @@
+r"""The `Kernel` base class and the input and hyperparameter checks every kernel shares."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _positive(name, owner, value):
+    """``value`` as an array; refused when a concrete value is not strictly positive."""
+    value = jnp.asarray(value, dtype=jnp.result_type(float, value))
+    if not isinstance(value, jax.core.Tracer):
+        arr = np.asarray(value)
+        if arr.ndim > 1:
+            raise ValueError(f"{owner}: {name} must be a scalar or a vector, got shape {arr.shape}")
+        if not np.all(arr > 0):
+            raise ValueError(f"{owner}: {name} must be positive, got {arr}")
+    return value
+
+
+def _check_inputs(X, who):
+    X = jnp.asarray(X)
+    if X.ndim != 2:
+        raise ValueError(f"{who}: inputs must be 2-D (n, d), got shape {X.shape}")
+    return X
+
+
+def _outputs(count):
+    return f"{count} output" if count == 1 else f"{count} outputs"
+
+
+class Kernel(eqx.Module):
+    r"""Base class: a positive semi-definite covariance function $k(x, y)$.
+
+    A kernel has `num_outputs` $O$ outputs (1 unless it is multi-output); its Gram matrix on
+    $n$ and $m$ inputs is $(nO) \times (mO)$ in example-major order: row $iO + o$ is output $o$
+    of example $i$, as in `JacobianOp`.
+
+    Single-output subclasses implement ``_tile(X, Y, offset)``: the block $k(X, Y)$ where
+    ``offset`` is the index of ``X[0]`` in ``Y`` when ``X`` is a slice of the same set (None for a
+    cross-covariance; only `White` needs it), and ``diag(X)``. Multi-output subclasses implement
+    ``_block_mm(X, Y, offset, V)`` (a row block of the Gram times ``V`` of shape ``(m, O, k)``,
+    returning ``(b, O, k)``), ``_block(X, Y, offset)`` (the dense block, ``(b, O, m, O)``) and
+    ``diag(X)``; single-output kernels get both from ``_tile``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from linops.kernels import Matern32
+        >>> k = 2.0 * Matern32(lengthscale=0.5)
+        >>> k.num_outputs, k.diag(jnp.zeros((3, 1)))
+        (1, Array([2., 2., 2.], dtype=float32))
+    """
+
+    @property
+    def num_outputs(self) -> int:
+        """How many outputs $O$ the kernel covaries (1 for a single-output kernel)."""
+        return 1
+
+    def __call__(self, X, Y=None):
+        """The dense Gram $k(X, Y)$, ``(n·O, m·O)`` (``Y`` None: $k(X, X)$, symmetric PSD)."""
+        X = _check_inputs(X, type(self).__name__)
+        if Y is None:
+            self.check_inputs(X)
+            Y, offset = X, 0
+        else:
+            Y = _check_inputs(Y, type(self).__name__)
+            self.check_inputs(X, Y)
+            offset = None
+        if self.num_outputs == 1:
+            return self._tile(X, Y, offset)
+        n_out = self.num_outputs
+        return self._block(X, Y, offset).reshape(X.shape[0] * n_out, Y.shape[0] * n_out)
+
+    def _tile(self, X, Y, offset):
+        raise NotImplementedError(f"{type(self).__name__} must define `_tile` (a single-output kernel) or "
+                                  "`_block_mm` and `_block` (a multi-output kernel)")
+
+    def _block_mm(self, X, Y, offset, V):
+        """The row block of the Gram for ``X`` against ``Y``, times ``V`` ``(m, O, k)``: ``(b, O, k)``."""
+        tile = self._tile(X, Y, offset)
+        return (tile @ V.reshape(V.shape[0], -1)).reshape(X.shape[0], 1, -1)
+
+    def _block(self, X, Y, offset):
+        """The dense row block ``(b, O, m, O)``: entry ``[i, o, j, p]`` is $\\mathrm{cov}(f_o(x_i), f_p(y_j))$."""
+        return self._tile(X, Y, offset)[:, None, :, None]
+
+    def diag(self, X):
+        """The Gram's diagonal $k(x_i, x_i)_{oo}$, ``(n·O,)`` in example-major order, without the Gram."""
+        raise NotImplementedError(f"{type(self).__name__} must define `diag`")
+
+    def check_inputs(self, X, Y=None):
+        """Raise a clear error when the inputs do not fit the kernel (e.g. an ARD lengthscale)."""
+        if Y is not None and X.shape[1] != Y.shape[1]:
+            raise ValueError(f"{type(self).__name__}: inputs have {X.shape[1]} and {Y.shape[1]} dimensions")
+
+    def __add__(self, other):
+        if not isinstance(other, Kernel):
+            return NotImplemented
+        from linops.kernels._combine import Sum
+
+        return Sum(self, other)
+
+    def __mul__(self, other):
+        from linops.kernels._combine import Product, Scaled
+
+        if isinstance(other, Kernel):
+            return Product(self, other)
+        if isinstance(other, (int, float, jax.Array, np.ndarray)) and jnp.ndim(other) == 0:
+            return Scaled(other, self)
+        return NotImplemented
+
+    __rmul__ = __mul__

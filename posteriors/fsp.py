@@ -1,0 +1,370 @@
+r"""FSP-Laplace: a Gaussian-process prior on the network's function (Cinquin et al., NeurIPS 2024).
+
+Training (algorithm 1) minimises the negative log-likelihood plus the RKHS norm of
+$f(\cdot, w) - \mu$ estimated at context points drawn afresh at every step
+(`fsp_objective`). The Laplace step (algorithm 2, `fsp_laplace`) approximates the posterior
+precision $J(C)^\top K_{CC}^{+} J(C) + G$ without forming any ``P x P``, ``P x n_C`` or
+``n_C x n_C`` matrix:
+
+1. Lanczos on $K_{CC}$ (matrix-free, `linops.KernelGramOp`) started at $J(C)\mathbf 1$,
+   giving $L$ with $L L^\top \approx K_{CC}^{+}$;
+2. $M = J(C)^\top L$ by VJPs; 3. a thin SVD $M = U_M D_M V_M^\top$;
+4. $A = D_M^2 + U_M^\top G U_M$ by GGN products; 5. $A = U_A D_A U_A^\top$;
+6. covariance $U_M U_A D_A^{+} U_A^\top U_M^\top$, after truncating the smallest eigenvalues
+   of $D_A$ until the posterior variance is at most the prior variance at every context point.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import posteriors as pst
+    >>> from linops.kernels import RBF
+    >>> from linops.likelihoods import Gaussian
+    >>> fn = lambda w, x: jnp.tanh(x @ w[:2] + w[2:3])        # a one-unit "network"
+    >>> X = jnp.array([[0.0, 1.0], [1.0, 0.0]]); Y = jnp.array([[0.5], [-0.5]])
+    >>> C = jnp.array([[0.0, 0.0], [1.0, 1.0], [-1.0, 0.5], [0.5, -1.0]])
+    >>> post = pst.fsp_laplace(fn, jnp.array([0.3, -0.2, 0.1]), (X, Y), RBF(), C, likelihood=Gaussian(0.1))
+    >>> mean, var = post.predictive(C)
+    >>> bool(jnp.all(var <= RBF().diag(C)[:, None] * (1 + 1e-5)))   # posterior variance <= prior variance
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import linops as lo
+from linops.kernels import Independent, Kernel
+from linops.likelihoods import Likelihood
+from linops.models import ravel
+from posteriors.gaussian import LowRankPosterior
+
+
+class GPPrior(eqx.Module):
+    r"""A Gaussian-process prior $\mathcal{GP}(\mu, k)$ on the network function.
+
+    Args:
+        kernel: a `linops.kernels.Kernel`. A single-output kernel is shared by all $O$
+            outputs, independently; a multi-output kernel must have $O$ outputs.
+        mean: the prior mean $\mu(x) \in \mathbb R^O$ of ONE input (default zero).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from posteriors.fsp import GPPrior
+        >>> from linops.kernels import Matern52
+        >>> prior = GPPrior(Matern52(lengthscale=0.5), mean=lambda x: jnp.array([1.0]))
+        >>> prior.mean_at(jnp.zeros((2, 1)), 1)
+        Array([[1.],
+               [1.]], dtype=float32)
+    """
+
+    kernel: Kernel
+    mean: Callable | None = eqx.field(static=True, default=None)
+
+    def __check_init__(self):
+        if not isinstance(self.kernel, Kernel):
+            raise TypeError(f"GPPrior: kernel must be a linops.kernels.Kernel, got {type(self.kernel).__name__}")
+        if self.mean is not None and not callable(self.mean):
+            raise TypeError(f"GPPrior: mean must be a function x -> (O,) or None, got {type(self.mean).__name__}")
+
+    def kernel_for(self, num_outputs: int, who: str = "GPPrior") -> Kernel:
+        """The kernel over ``num_outputs`` outputs (a shared single-output kernel made `Independent`)."""
+        k = self.kernel
+        if k.num_outputs == num_outputs:
+            return k
+        if k.num_outputs == 1:
+            return Independent(k, num_outputs=num_outputs)
+        raise ValueError(f"{who}: the prior kernel has {k.num_outputs} outputs but the network has {num_outputs}")
+
+    def mean_at(self, X, num_outputs: int) -> jax.Array:
+        """$\\mu$ at each row of ``X``, shape ``(n, O)``."""
+        X = jnp.asarray(X)
+        if self.mean is None:
+            return jnp.zeros((X.shape[0], num_outputs), X.dtype)
+        mu = jax.vmap(self.mean)(X)
+        if mu.shape != (X.shape[0], num_outputs):
+            raise ValueError(f"GPPrior: mean(x) must return shape ({num_outputs},), got {mu.shape[1:]}")
+        return mu
+
+    def variance_at(self, X, num_outputs: int) -> jax.Array:
+        """The prior variance $k(x, x)$ of each output, shape ``(n, O)``."""
+        X = jnp.asarray(X)
+        return self.kernel_for(num_outputs).diag(X).reshape(X.shape[0], num_outputs)
+
+
+def _as_prior(prior, who) -> GPPrior:
+    if isinstance(prior, GPPrior):
+        return prior
+    if isinstance(prior, Kernel):
+        return GPPrior(prior)
+    raise TypeError(f"{who}: prior must be a GPPrior or a linops.kernels.Kernel, got {type(prior).__name__}")
+
+
+def _outputs(fn, params, X, who):
+    X = jnp.asarray(X)
+    if X.ndim != 2 or X.shape[0] == 0:
+        raise ValueError(f"{who}: inputs must be 2-D (n, d) with n >= 1, got shape {X.shape}")
+    try:
+        out = jax.eval_shape(fn, params, X[0])
+    except Exception as e:  # noqa: BLE001 - any failure means params/inputs do not fit fn
+        raise ValueError(f"{who}: fn(params, x) fails on the first input (do params match the model?): {e}") from None
+    if len(out.shape) != 1:
+        raise ValueError(f"{who}: fn(params, x) must return one example's outputs of shape (O,), got {out.shape}")
+    return out.shape[0]
+
+
+def _default_jitter(dtype):
+    return float(np.sqrt(np.finfo(dtype).eps))
+
+
+def rkhs_norm(fn, params, prior, context_points, *, jitter: float | None = None) -> jax.Array:
+    r"""The RKHS term $\tfrac12 r^\top (K_{CC} + \epsilon I)^{-1} r$ with $r = f(C) - \mu(C)$.
+
+    It estimates $\tfrac12\|f - \mu\|^2_{\mathbb H}$ from below (the minimum-norm interpolant at $C$).
+
+    ``jitter`` is RELATIVE: $\epsilon$ is ``jitter`` times the mean prior variance at the
+    context points (default $\sqrt{\text{eps}}$ of the dtype). A Cholesky of the dense
+    ``(n_C O) x (n_C O)`` Gram: keep the number of training context points modest.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from posteriors.fsp import rkhs_norm
+        >>> from linops.kernels import White
+        >>> fn = lambda w, x: w * jnp.ones(1)                     # the constant function w
+        >>> float(rkhs_norm(fn, jnp.array(2.0), White(4.0), jnp.zeros((3, 1)), jitter=0.0))   # 3 * 2^2 / 4 / 2
+        1.5
+    """
+    prior = _as_prior(prior, "rkhs_norm")
+    C = jnp.asarray(context_points)
+    num_outputs = _outputs(fn, params, C, "rkhs_norm")
+    kernel = prior.kernel_for(num_outputs, "rkhs_norm")
+    resid = (jax.vmap(fn, in_axes=(None, 0))(params, C) - prior.mean_at(C, num_outputs)).reshape(-1)
+    K = kernel(C).astype(resid.dtype)
+    eps = (_default_jitter(resid.dtype) if jitter is None else jitter) * jnp.mean(jnp.diag(K))
+    chol = jnp.linalg.cholesky(K + eps * jnp.eye(K.shape[0], dtype=K.dtype))
+    z = jax.scipy.linalg.solve_triangular(chol, resid, lower=True)
+    return 0.5 * jnp.sum(z**2)
+
+
+def fsp_objective(fn, prior, likelihood: Likelihood, *, num_data: int, context, jitter: float | None = None):
+    r"""The FSP-Laplace training objective (algorithm 1), as a function for `jax.grad` and optax.
+
+    Returns ``objective(params, batch, key=None)`` with ``batch = (inputs, targets)`` of
+    size $b$:
+
+    $$R(w) = \frac{N}{b}\sum_{(x, y) \in \text{batch}} \ell(f(x, w), y) + \tfrac12
+    (f(C, w) - \mu(C))^\top K_{CC}^{-1} (f(C, w) - \mu(C)),$$
+
+    with context points ``C = context(key)`` drawn afresh at each call (``context`` a
+    function of a PRNG key, e.g. ``lambda key: pst.context.uniform(key, X, 100)``), or a fixed
+    ``(n_C, d)`` array. $R$ has the scale of a full-data negative log posterior; divide
+    by $N$ for learning rates tuned per example.
+
+    Args:
+        fn: per-example model ``fn(params, x) -> (O,)``.
+        prior: a `GPPrior` or a `linops.kernels.Kernel` (zero mean).
+        likelihood: a `linops.likelihoods.Likelihood` (not a per-example one).
+        num_data: $N$, the size of the training set.
+        context: ``key -> (n_C, d)`` context points, or a fixed array of them.
+        jitter: relative jitter of the Gram's Cholesky (see `rkhs_norm`).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, optax
+        >>> import posteriors as pst
+        >>> from linops.kernels import RBF
+        >>> from linops.likelihoods import Gaussian
+        >>> X = jnp.linspace(-1, 1, 8)[:, None]; Y = jnp.sin(3 * X)
+        >>> fn = lambda w, x: jnp.tanh(x @ w["a"]) @ w["b"]
+        >>> w = {"a": jnp.ones((1, 8)), "b": jnp.zeros((8, 1))}
+        >>> loss = pst.fsp_objective(fn, RBF(0.5), Gaussian(0.1), num_data=8,
+        ...                          context=lambda key: pst.context.uniform(key, X, 16))
+        >>> opt = optax.adam(1e-2); state = opt.init(w)
+        >>> before = loss(w, (X, Y), jax.random.key(0))
+        >>> for i in range(100):
+        ...     g = jax.grad(loss)(w, (X, Y), jax.random.key(i))
+        ...     updates, state = opt.update(g, state); w = optax.apply_updates(w, updates)
+        >>> bool(loss(w, (X, Y), jax.random.key(0)) < before)
+        True
+    """
+    prior = _as_prior(prior, "fsp_objective")
+    if not isinstance(likelihood, Likelihood):
+        raise TypeError(f"fsp_objective: likelihood must be a linops.likelihoods.Likelihood, "
+                        f"got {type(likelihood).__name__}")
+    if likelihood.per_example:
+        raise ValueError("fsp_objective: a per-example (heteroscedastic) likelihood cannot follow random "
+                         "mini-batches; use a likelihood with shared parameters")
+    if not isinstance(num_data, (int, np.integer)) or num_data < 1:
+        raise ValueError(f"fsp_objective: num_data must be a positive integer, got {num_data!r}")
+    if not callable(context):
+        fixed = jnp.asarray(context)
+        if fixed.ndim != 2:
+            raise ValueError(f"fsp_objective: context must be a function of a key or an (n_C, d) array, "
+                             f"got shape {fixed.shape}")
+
+    def objective(params, batch, key=None):
+        if not (isinstance(batch, tuple) and len(batch) == 2):
+            raise ValueError("fsp_objective: batch must be an (inputs, targets) pair")
+        X, Y = batch
+        if callable(context):
+            if key is None:
+                raise ValueError("fsp_objective: the context points are drawn afresh at each step: pass key=...")
+            C = context(key)
+        else:
+            C = fixed
+        out = jax.vmap(fn, in_axes=(None, 0))(params, X)
+        nll = jnp.sum(jax.vmap(likelihood.nll)(out, Y))
+        return nll * (num_data / X.shape[0]) + rkhs_norm(fn, params, prior, C, jitter=jitter)
+
+    return objective
+
+
+class FSPInfo(eqx.Module):
+    """What `fsp_laplace` did, as values.
+
+    Attributes:
+        lanczos_steps: Lanczos steps run on $K_{CC}$ (fewer than asked when the Krylov space
+            became invariant).
+        rank: columns of $M = J(C)^\\top L$ above the relative cut-off.
+        truncated: eigenvalues of $A$ removed so that the posterior variance stays below
+            the prior variance at every context point.
+        max_variance_ratio: the largest posterior / prior variance over the context points.
+    """
+
+    lanczos_steps: jax.Array
+    rank: jax.Array
+    truncated: jax.Array
+    max_variance_ratio: jax.Array
+
+
+class FSPLaplacePosterior(LowRankPosterior):
+    r"""The FSP-Laplace posterior $\mathcal N(w^*, U \operatorname{diag}(d) U^\top)$ (orthonormal ``U``).
+
+    A `LowRankPosterior` (``.mean``, ``.covariance``, ``.sample``, exact linearised
+    ``.predictive``) that also keeps its `GPPrior` (``prior_mean``, ``prior_variance``) and
+    what the construction did (``info``, an `FSPInfo`).
+    """
+
+    prior: GPPrior
+    info: FSPInfo
+
+    def __init__(self, fn, params, U, d, prior, info, *, batch_size=None):
+        super().__init__(fn, params, U, d, orthonormal=True, batch_size=batch_size)
+        self.prior, self.info = prior, info
+
+    def prior_mean(self, inputs) -> jax.Array:
+        """The prior mean at ``inputs``, shape ``(M, O)``."""
+        return self.prior.mean_at(inputs, self.map_outputs(inputs[:1]).shape[1])
+
+    def prior_variance(self, inputs) -> jax.Array:
+        """The prior variance at ``inputs``, shape ``(M, O)``."""
+        return self.prior.variance_at(inputs, self.map_outputs(inputs[:1]).shape[1])
+
+
+def _cutoff(values, rtol):
+    """``values > rtol * max|values|`` (a relative cut-off)."""
+    return values > rtol * jnp.max(jnp.abs(values))
+
+
+@eqx.filter_jit
+def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, context_batch_size, rtol):
+    flat, _ = ravel(params)
+    dtype = flat.dtype
+    eps = float(np.finfo(dtype).eps)
+    J = lo.JacobianOp(fn, params, C, batch_size=context_batch_size)
+    K = lo.KernelGramOp(kernel, C.astype(dtype))
+    # 1. Lanczos on K_CC from J(C) 1, and L with L L^T = K^+ on the Krylov space.
+    v0 = J @ jnp.ones_like(flat)
+    run = lo.lanczos(K, num_steps, v0=v0)
+    L = run.pinv_factor(num_steps * eps if rtol is None else rtol)
+    # 2.-3. M = J(C)^T L by VJPs, and its thin SVD; directions below the cut-off are dropped.
+    M = J.T @ L
+    U_M, D_M, _ = jnp.linalg.svd(M, full_matrices=False)
+    keep = _cutoff(D_M, max(M.shape) * eps if rtol is None else rtol)
+    U_M = U_M * keep[None, :]
+    D_M = jnp.where(keep, D_M, 0.0)
+    # 4.-5. A = D^2 + U^T G U by GGN products, and its eigendecomposition (ascending).
+    G = lo.GGNOp(fn, params, X, Y, likelihood, batch_size=batch_size)
+    A = jnp.diag(D_M**2) + U_M.T @ (G @ U_M)
+    D_A, U_A = jnp.linalg.eigh((A + A.T) / 2)
+    inv = jnp.where(_cutoff(D_A, num_steps * eps if rtol is None else rtol), 1.0 / jnp.where(D_A > 0, D_A, 1.0), 0.0)
+    V = U_M @ U_A
+    # 6. Truncate the smallest eigenvalues until the posterior variance is at most the prior
+    #    variance at every context point (a relative slack of 10 eps for rounding).
+    JS = J @ (V * jnp.sqrt(inv)[None, :])
+    tail = jnp.cumsum((JS**2)[:, ::-1], axis=1)[:, ::-1]
+    tail = jnp.concatenate([tail, jnp.zeros((tail.shape[0], 1), dtype)], axis=1)
+    prior_var = lo.diag(K).astype(dtype)
+    ok = jnp.all(tail <= prior_var[:, None] * (1 + 10 * eps), axis=0)
+    k = jnp.argmax(ok)
+    d = jnp.where(jnp.arange(inv.shape[0]) >= k, inv, 0.0)
+    ratio = jnp.max(jnp.take(tail, k, axis=1) / prior_var)
+    info = FSPInfo(run.steps, jnp.sum(keep), k, ratio)
+    return V, d, info
+
+
+def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likelihood, rank: int | None = None,
+                batch_size: int | None = None, context_batch_size: int | None = None,
+                rtol: float | None = None) -> FSPLaplacePosterior:
+    r"""The FSP-Laplace posterior (algorithm 2): a GP prior at context points, matrix-free.
+
+    Args:
+        fn: per-example model ``fn(params, x) -> (O,)``; ``params`` the trained point $w^*$
+            (e.g. from `fsp_objective`).
+        data: the training ``(inputs, targets)``.
+        prior: a `GPPrior` or a `linops.kernels.Kernel` (zero mean).
+        context_points: ``(n_C, d)`` inputs where the prior is imposed (the paper: a regular
+            grid or a low-discrepancy sequence, see `posteriors.context`).
+        likelihood: the training likelihood (its Hessian enters the GGN).
+        rank: Lanczos steps on $K_{CC}$, at most $n_C O$ (default ``min(500, n_C O)``).
+        batch_size: training examples per GGN batch (memory ``O(batch * rank)``).
+        context_batch_size: context points per Jacobian batch.
+        rtol: relative cut-off of the pseudo-inverses of $K_{CC}$, $M$ and $A$ (default:
+            the number of columns times the dtype's eps).
+
+    Returns:
+        An `FSPLaplacePosterior`.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> import posteriors as pst
+        >>> from linops.kernels import Matern32
+        >>> from linops.likelihoods import Gaussian
+        >>> fn = lambda w, x: jnp.tanh(x @ w["a"]) @ w["b"]
+        >>> w = {"a": jax.random.normal(jax.random.key(0), (1, 6)), "b": jnp.ones((6, 1)) / 6}
+        >>> X = jnp.linspace(-1, 1, 10)[:, None]; Y = jnp.sin(3 * X)
+        >>> post = pst.fsp_laplace(fn, w, (X, Y), Matern32(0.5), jnp.linspace(-2, 2, 20)[:, None],
+        ...                        likelihood=Gaussian(0.1))
+        >>> post.covariance.shape, post.sample(jax.random.key(1), 3).shape
+        ((12, 12), (3, 12))
+    """
+    who = "fsp_laplace"
+    prior = _as_prior(prior, who)
+    if not isinstance(likelihood, Likelihood):
+        raise TypeError(f"{who}: likelihood must be a linops.likelihoods.Likelihood, got {type(likelihood).__name__}")
+    if not (isinstance(data, tuple) and len(data) == 2):
+        raise ValueError(f"{who}: data must be an (inputs, targets) pair")
+    flat, _ = ravel(params)
+    if not bool(jnp.all(jnp.isfinite(flat))):
+        raise ValueError(f"{who}: params contain non-finite values")
+    X, Y = data
+    C = jnp.asarray(context_points)
+    num_outputs = _outputs(fn, params, C, who)
+    kernel = prior.kernel_for(num_outputs, who)
+    kernel.check_inputs(C)
+    n = C.shape[0] * num_outputs
+    if rank is None:
+        rank = min(500, n)
+    if not isinstance(rank, (int, np.integer)) or rank < 1:
+        raise ValueError(f"{who}: rank must be a positive integer, got {rank!r}")
+    if rank > n:
+        raise ValueError(f"{who}: rank {rank} needs at least that many context outputs, but {C.shape[0]} context "
+                         f"points x {num_outputs} outputs give {n}: add context points or lower the rank")
+    V, d, info = _algorithm2(fn, params, X, Y, C, kernel, likelihood, int(rank), batch_size, context_batch_size,
+                             rtol)
+    return FSPLaplacePosterior(fn, params, V, d, prior, info, batch_size=context_batch_size)
+
+
+__all__ = ["FSPInfo", "FSPLaplacePosterior", "GPPrior", "fsp_laplace", "fsp_objective", "rkhs_norm"]

@@ -1,0 +1,156 @@
+r"""The interface every posterior shares: a Gaussian $\mathcal N(\theta^*, \Sigma)$ over flat parameters.
+
+A posterior holds the per-example model ``fn(params, x) -> (O,)``, the MAP params pytree
+$\theta^*$ and the way back from flat vectors (``unravel``). Subclasses give the covariance
+as a `linops` operator and a sampler; the linearised predictive
+$f(\theta^*, x) + J(x)(\theta - \theta^*)$ is shared.
+
+Example:
+    >>> import jax, jax.numpy as jnp, linops as lo
+    >>> from posteriors.gaussian import LowRankPosterior
+    >>> fn = lambda w, x: (x @ w)[None]
+    >>> post = LowRankPosterior(fn, jnp.zeros(2), jnp.array([[1.0], [0.0]]))   # Sigma = e1 e1^T (d = 1)
+    >>> mean, var = post.predictive(jnp.array([[2.0, 5.0]]))
+    >>> var                                                                   # J Sigma J^T = 2^2
+    Array([[4.]], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import linops as lo
+from linops.models import ravel
+
+
+class GaussianPosterior(eqx.Module):
+    r"""Base class: $\mathcal N(\theta^*, \Sigma)$ over the flat parameters of ``fn``.
+
+    Subclasses define `covariance` and `sample`. Shared here: `mean`, `unravel`,
+    `predictive_samples` (the linearised model at parameter samples) and
+    `predictive_variance` (their Monte Carlo variance).
+
+    Attributes:
+        fn: the per-example model ``fn(params, x) -> (O,)``.
+        params: the MAP params pytree $\theta^*$.
+        unravel: flat vector ``(P,)`` to a params pytree.
+    """
+
+    fn: Callable = eqx.field(static=True)
+    params: object
+    unravel: Callable = eqx.field(static=True)
+
+    @property
+    def mean(self) -> jax.Array:
+        """$\\theta^*$ as a flat vector of length ``P``."""
+        return ravel(self.params)[0]
+
+    @property
+    def covariance(self) -> lo.LinearOperator:
+        """$\\Sigma$ as a lazy ``P x P`` operator."""
+        raise NotImplementedError(f"{type(self).__name__} must define `covariance`")
+
+    def sample(self, key: jax.Array, n: int) -> jax.Array:
+        """``n`` flat parameter samples, shape ``(n, P)``."""
+        raise NotImplementedError(f"{type(self).__name__} must define `sample`")
+
+    def map_outputs(self, inputs) -> jax.Array:
+        """The MAP network's outputs $f(\\theta^*, x)$, shape ``(M, O)``."""
+        return jax.vmap(self.fn, in_axes=(None, 0))(self.params, inputs)
+
+    def linearized_outputs(self, deltas, inputs) -> jax.Array:
+        r"""$f(\theta^*, x) + J(x)\,\delta$ for each row $\delta$ of ``deltas`` ``(n, P)``, shape ``(n, M, O)``."""
+        f = lambda p: jax.vmap(self.fn, in_axes=(None, 0))(p, inputs)  # noqa: E731
+        mean = f(self.params)
+        return mean[None] + jax.vmap(lambda d: jax.jvp(f, (self.params,), (self.unravel(d),))[1])(deltas)
+
+    def predictive_samples(self, key: jax.Array, inputs, n: int) -> jax.Array:
+        """Linearised predictive samples $f(\\theta^*, x) + J(x)(\\theta_s - \\theta^*)$, shape ``(n, M, O)``."""
+        return self.linearized_outputs(self.sample(key, n) - self.mean[None, :], inputs)
+
+    def predictive_variance(self, key: jax.Array, inputs, n: int) -> jax.Array:
+        """Monte Carlo variance of each output's linearised prediction, shape ``(M, O)``."""
+        return jnp.var(self.predictive_samples(key, inputs, n), axis=0, ddof=1)
+
+
+class LowRankPosterior(GaussianPosterior):
+    r"""A Gaussian with a low-rank covariance $\Sigma = U \operatorname{diag}(d) U^\top$, ``U`` of shape ``(P, r)``.
+
+    Sampling is $\theta^* + U \operatorname{diag}(\sqrt d)\, z$ with $z \sim \mathcal N(0, I_r)$,
+    and the linearised predictive is exact: $\operatorname{Var} f_o(x) = \|(J(x) S)_{o,:}\|^2$
+    with $S = U \operatorname{diag}(\sqrt d)$, from $r$ JVPs per batch of inputs (`predictive`),
+    never a ``P x P`` matrix.
+
+    Args:
+        fn: the per-example model.
+        params: the MAP params pytree.
+        U: ``(P, r)``.
+        d: ``(r,)``, non-negative.
+        orthonormal: promise that the columns of ``U`` are orthonormal (closed-form `lo.sqrt`
+            and `lo.pinv` of the covariance).
+        batch_size: inputs per batch in `predictive` (default all).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from posteriors.gaussian import LowRankPosterior
+        >>> post = LowRankPosterior(lambda w, x: (x @ w)[None], jnp.ones(2), jnp.array([[0.0], [1.0]]),
+        ...                         jnp.array([9.0]))
+        >>> post.covariance.as_matrix()
+        Array([[0., 0.],
+               [0., 9.]], dtype=float32)
+    """
+
+    U: jax.Array
+    d: jax.Array
+    orthonormal: bool = eqx.field(static=True)
+    batch_size: int | None = eqx.field(static=True)
+
+    def __init__(self, fn, params, U, d=None, *, orthonormal: bool = False, batch_size: int | None = None):
+        flat, unravel = ravel(params)
+        U = jnp.asarray(U)
+        if U.ndim != 2 or U.shape[0] != flat.shape[0]:
+            raise ValueError(f"LowRankPosterior: U must have shape ({flat.shape[0]}, r) for {flat.shape[0]} "
+                             f"parameters, got {U.shape}")
+        d = jnp.ones(U.shape[1], U.dtype) if d is None else jnp.asarray(d)
+        if d.shape != (U.shape[1],):
+            raise ValueError(f"LowRankPosterior: d must have shape ({U.shape[1]},), got {d.shape}")
+        self.fn, self.params, self.unravel = fn, params, unravel
+        self.U, self.d, self.orthonormal, self.batch_size = U, d, bool(orthonormal), batch_size
+
+    @property
+    def factor(self) -> jax.Array:
+        """$S = U \\operatorname{diag}(\\sqrt d)$, shape ``(P, r)``: $\\Sigma = S S^\\top$."""
+        return self.U * jnp.sqrt(self.d)[None, :]
+
+    @property
+    def covariance(self) -> lo.LinearOperator:
+        """$U \\operatorname{diag}(d) U^\\top$ as a `linops.LowRank` (PSD)."""
+        return lo.LowRank(self.U, self.d, orthonormal=self.orthonormal, nonnegative=True)
+
+    def sample(self, key: jax.Array, n: int) -> jax.Array:
+        """``n`` samples $\\theta^* + S z$, shape ``(n, P)``."""
+        z = jax.random.normal(key, (self.U.shape[1], n), self.U.dtype)
+        return self.mean[None, :] + (self.factor @ z).T
+
+    def output_factor(self, inputs) -> jax.Array:
+        """$J(X) S$, shape ``(M O, r)`` (rows example-major): $J \\Sigma J^\\top = (JS)(JS)^\\top$."""
+        J = lo.JacobianOp(self.fn, self.params, inputs, batch_size=self.batch_size)
+        return J @ self.factor
+
+    def predictive(self, inputs):
+        """Exact linearised predictive ``(mean, variance)``, each of shape ``(M, O)``."""
+        mean = self.map_outputs(inputs)
+        JS = self.output_factor(inputs)
+        return mean, jnp.sum(JS**2, axis=1).reshape(mean.shape)
+
+    def predictive_covariance(self, inputs) -> lo.LinearOperator:
+        """$J(X)\\Sigma J(X)^\\top$ across all inputs and outputs, a lazy ``(MO, MO)`` `linops.LowRank`."""
+        JS = self.output_factor(inputs)
+        return lo.LowRank(JS, jnp.ones(JS.shape[1], JS.dtype), nonnegative=True)
+
+
+__all__ = ["GaussianPosterior", "LowRankPosterior"]

@@ -1,0 +1,183 @@
+"""FSP-Laplace against a dense implementation of algorithm 2, its truncation invariant, the
+training objective against its formula, dtype agreement and bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import linops as lo
+import posteriors as pst
+from linops.kernels import RBF, Matern12, Matern52
+from linops.likelihoods import Categorical, Gaussian
+from linops.models import ravel
+
+from ..linops._util import assert_close
+
+
+def _mlp(widths, key, dtype=jnp.float64):
+    keys = jax.random.split(key, len(widths) - 1)
+    return [
+        {"W": jax.random.normal(k, (a, b), dtype) / np.sqrt(a), "b": 0.1 * jax.random.normal(k, (b,), dtype)}
+        for k, a, b in zip(keys, widths[:-1], widths[1:], strict=True)
+    ]
+
+
+def _fn(params, x):
+    h = x
+    for layer in params[:-1]:
+        h = jnp.tanh(h @ layer["W"] + layer["b"])
+    return h @ params[-1]["W"] + params[-1]["b"]
+
+
+def _toy(n=8, d=1, outputs=1, seed=0, dtype=jnp.float64):
+    key = jax.random.key(seed)
+    params = _mlp([d, 5, outputs], key, dtype)
+    X = jax.random.uniform(jax.random.fold_in(key, 1), (n, d), dtype, -1.0, 1.0)
+    Y = jnp.sin(3 * X[:, :1]) if outputs == 1 else jnp.asarray(np.arange(n) % outputs)
+    return params, X, Y
+
+
+def _dense_algorithm2(params, X, Y, C, kernel, likelihood, L, rtol):
+    """Algorithm 2 with dense matrices, from a given factor L (L L^T ~ K_CC^+)."""
+    flat, unravel = ravel(params)
+    jac = lambda inputs: jax.jacfwd(lambda w: jax.vmap(_fn, in_axes=(None, 0))(unravel(w), inputs).reshape(-1))(flat)  # noqa: E731
+    JC, JX = np.asarray(jac(C)), np.asarray(jac(X))
+    out = jax.vmap(_fn, in_axes=(None, 0))(params, X)
+    H = np.zeros((JX.shape[0], JX.shape[0]))
+    k = out.shape[1]
+    for i in range(X.shape[0]):
+        Hi = np.asarray(lo.likelihoods.Categorical().hessian(out[i], Y[i]).as_matrix()) if isinstance(
+            likelihood, Categorical) else np.eye(k) / float(likelihood.sigma) ** 2
+        H[i * k:(i + 1) * k, i * k:(i + 1) * k] = Hi
+    G = JX.T @ H @ JX
+    M = JC.T @ np.asarray(L)
+    w, U = np.linalg.eigh(M @ M.T)  # M M^T = U_M D_M^2 U_M^T
+    keep = w > rtol * w.max()
+    U_M, D2 = U[:, keep], w[keep]
+    A = np.diag(D2) + U_M.T @ G @ U_M
+    D_A, U_A = np.linalg.eigh(A)
+    inv = np.where(D_A > rtol * D_A.max(), 1.0 / D_A, 0.0)
+    S = U_M @ U_A * np.sqrt(inv)[None, :]
+    prior_var = np.diag(np.asarray(kernel(C)))
+    JS2 = (JC @ S) ** 2
+    for k in range(S.shape[1] + 1):
+        if np.all(JS2[:, k:].sum(axis=1) <= prior_var * (1 + 1e-12)):
+            break
+    return S[:, k:] @ S[:, k:].T, k
+
+
+@pytest.mark.parametrize("rank", [12, 8])
+def test_matches_a_dense_implementation_of_algorithm_2(rank):
+    """rank = n_C: the exact K^-1 (Lanczos on a well-conditioned Gram spans everything);
+    rank 8: an incomplete Krylov space, where the variance truncation has work to do."""
+    params, X, Y = _toy()
+    C = jnp.linspace(-2.0, 2.0, 12)[:, None]
+    kernel, lik, rtol = Matern12(0.5), Gaussian(0.2), 1e-10
+    post = pst.fsp_laplace(_fn, params, (X, Y), kernel, C, likelihood=lik, rank=rank, rtol=rtol)
+    v0 = lo.JacobianOp(_fn, params, C) @ jnp.ones(ravel(params)[0].shape[0])
+    run = lo.lanczos(lo.KernelGramOp(kernel, C), rank, v0=v0)
+    if rank == 12:
+        K = np.asarray(kernel(C))
+        assert_close(run.pinv_factor(rtol) @ run.pinv_factor(rtol).T, np.linalg.inv(K), rtol=1e-8)
+    cov, k = _dense_algorithm2(params, X, Y, C, kernel, lik, run.pinv_factor(rtol), rtol)
+    assert int(post.info.truncated) == k
+    if rank == 8:
+        assert k > 0, "this case is meant to exercise the truncation"
+    _assert_same_posterior(post, cov, C)
+
+
+def _assert_same_posterior(post, cov, C):
+    # The covariance has weakly determined directions (entries ~1e5 here): compare it relative to
+    # its largest entry, and the well-conditioned predictive covariance at the context points tightly.
+    assert_close(post.covariance.as_matrix(), cov, rtol=1e-6, atol=1e-8)
+    JC = np.asarray(lo.JacobianOp(_fn, post.params, C).as_matrix())
+    assert_close(post.predictive_covariance(C).as_matrix(), JC @ cov @ JC.T, rtol=1e-6, atol=1e-7)
+
+
+def test_multi_output_classification_matches_the_dense_kronecker_prior():
+    params, X, Y = _toy(n=10, d=2, outputs=2, seed=3)
+    C = jax.random.uniform(jax.random.key(4), (8, 2), jnp.float64, -2.0, 2.0)
+    kernel, rtol = Matern12(1.0), 1e-10
+    post = pst.fsp_laplace(_fn, params, (X, Y), kernel, C, likelihood=Categorical(), rtol=rtol)
+    K2 = lo.kernels.Independent(kernel, num_outputs=2)
+    assert_close(K2(C), np.kron(np.asarray(kernel(C)), np.eye(2)))  # example-major, like J's rows
+    v0 = lo.JacobianOp(_fn, params, C) @ jnp.ones(ravel(params)[0].shape[0])
+    run = lo.lanczos(lo.KernelGramOp(K2, C), 16, v0=v0)
+    cov, k = _dense_algorithm2(params, X, Y, C, K2, Categorical(), run.pinv_factor(rtol), rtol)
+    assert int(post.info.truncated) == k
+    _assert_same_posterior(post, cov, C)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_posterior_variance_never_exceeds_the_prior_variance_at_a_context_point(dtype):
+    params, X, Y = _toy(n=20, seed=5, dtype=dtype)
+    C = jnp.linspace(-3.0, 3.0, 40, dtype=dtype)[:, None]
+    kernel = RBF(0.4, 2.0)
+    post = pst.fsp_laplace(_fn, params, (X, Y), kernel, C, likelihood=Gaussian(0.1), rank=40)
+    _, var = post.predictive(C)
+    prior = np.asarray(kernel.diag(C))[:, None]
+    eps = float(np.finfo(dtype).eps)
+    assert np.all(np.asarray(var) <= prior * (1 + 100 * eps))
+    assert float(post.info.max_variance_ratio) <= 1 + 100 * eps
+    assert np.all(np.asarray(post.d)[: int(post.info.truncated)] == 0)  # (minimality: the dense test)
+
+
+def test_float32_and_float64_agree():
+    p64, X, Y = _toy(n=20, seed=6)
+    C = jnp.linspace(-2.0, 2.0, 30)[:, None]
+    T = jnp.linspace(-2.5, 2.5, 25)[:, None]
+    kernel, lik = Matern52(0.6), Gaussian(0.1)
+    var = {}
+    p32 = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), p64)
+    for dtype, params in ((jnp.float64, p64), (jnp.float32, p32)):
+        post = pst.fsp_laplace(_fn, params, (X.astype(dtype), Y.astype(dtype)), kernel, C.astype(dtype),
+                               likelihood=lik, rtol=1e-6)
+        var[dtype] = np.asarray(post.predictive(T.astype(dtype))[1])
+    scale = np.max(var[jnp.float64])
+    np.testing.assert_allclose(var[jnp.float32], var[jnp.float64], atol=2e-3 * scale)
+
+
+def test_objective_is_the_scaled_nll_plus_the_rkhs_norm():
+    params, X, Y = _toy(n=12, seed=7)
+    C = jnp.linspace(-1.5, 1.5, 7)[:, None]
+    kernel, lik = RBF(0.7, 1.5), Gaussian(0.3)
+    obj = pst.fsp_objective(_fn, pst.GPPrior(kernel, mean=lambda x: jnp.array([0.2])), lik, num_data=48,
+                            context=C, jitter=0.0)
+    Xb, Yb = X[:4], Y[:4]
+    f = np.asarray(jax.vmap(_fn, in_axes=(None, 0))(params, Xb))
+    nll = np.sum(0.5 * ((f - np.asarray(Yb)) / 0.3) ** 2 + np.log(0.3) + 0.5 * np.log(2 * np.pi))
+    r = np.asarray(jax.vmap(_fn, in_axes=(None, 0))(params, C))[:, 0] - 0.2
+    expected = 48 / 4 * nll + 0.5 * r @ np.linalg.solve(np.asarray(kernel(C)), r)
+    assert_close(obj(params, (Xb, Yb)), expected, rtol=1e-10)
+    # fresh context points at every step: different keys, different values; the same key, the same value
+    drawn = pst.fsp_objective(_fn, kernel, lik, num_data=48, context=lambda key: pst.context.uniform(key, X, 7))
+    a, b = drawn(params, (Xb, Yb), jax.random.key(0)), drawn(params, (Xb, Yb), jax.random.key(1))
+    assert float(a) != float(b) and float(a) == float(drawn(params, (Xb, Yb), jax.random.key(0)))
+    grads = jax.jit(jax.grad(drawn))(params, (Xb, Yb), jax.random.key(0))
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree_util.tree_leaves(grads))
+
+
+def test_bad_input_is_refused_with_a_clear_error():
+    params, X, Y = _toy()
+    C = jnp.linspace(-2.0, 2.0, 5)[:, None]
+    with pytest.raises(ValueError, match=r"rank 8 needs at least that many context outputs.*5 context points x 1"):
+        pst.fsp_laplace(_fn, params, (X, Y), RBF(), C, likelihood=Gaussian(0.1), rank=8)
+    with pytest.raises(ValueError, match="2 lengthscales for inputs of dimension 1"):
+        pst.fsp_laplace(_fn, params, (X, Y), RBF(jnp.array([1.0, 2.0])), C, likelihood=Gaussian(0.1))
+    with pytest.raises(ValueError, match="lengthscale must be positive"):
+        RBF(-1.0)
+    with pytest.raises(ValueError, match="fn\\(params, x\\) fails on the first input"):
+        pst.fsp_laplace(_fn, params, (X, Y), RBF(), jnp.ones((5, 3)), likelihood=Gaussian(0.1))
+    with pytest.raises(ValueError, match="the prior kernel has 3 outputs but the network has 1"):
+        pst.fsp_laplace(_fn, params, (X, Y), lo.kernels.Independent(RBF(), num_outputs=3), C,
+                        likelihood=Gaussian(0.1))
+    with pytest.raises(ValueError, match="data must be an \\(inputs, targets\\) pair"):
+        pst.fsp_laplace(_fn, params, X, RBF(), C, likelihood=Gaussian(0.1))
+    with pytest.raises(TypeError, match="prior must be a GPPrior or a linops.kernels.Kernel"):
+        pst.fsp_laplace(_fn, params, (X, Y), "rbf", C, likelihood=Gaussian(0.1))
+    obj = pst.fsp_objective(_fn, RBF(), Gaussian(0.1), num_data=8, context=lambda key: C)
+    with pytest.raises(ValueError, match="pass key="):
+        obj(params, (X, Y))
+    with pytest.raises(ValueError, match="num_data must be a positive integer"):
+        pst.fsp_objective(_fn, RBF(), Gaussian(0.1), num_data=0, context=C)
