@@ -116,17 +116,18 @@ def _outputs(fn, params, X, who):
     return out.shape[0]
 
 
-def _default_jitter(dtype):
-    return float(np.sqrt(np.finfo(dtype).eps))
-
-
-def rkhs_norm(fn, params, prior, context_points, *, jitter: float | None = None) -> jax.Array:
+def rkhs_norm(fn, params, prior, context_points, *, jitter: float = 1e-4) -> jax.Array:
     r"""The RKHS term $\tfrac12 r^\top (K_{CC} + \epsilon I)^{-1} r$ with $r = f(C) - \mu(C)$.
 
     It estimates $\tfrac12\|f - \mu\|^2_{\mathbb H}$ from below (the minimum-norm interpolant at $C$).
 
     ``jitter`` is RELATIVE: $\epsilon$ is ``jitter`` times the mean prior variance at the
-    context points (default $\sqrt{\text{eps}}$ of the dtype). A Cholesky of the dense
+    context points, as if the prior had white noise of that variance. It is a modelling
+    choice more than a numerical one: a smooth or periodic kernel's Gram is numerically low
+    rank, and a jitter near the dtype's rounding level makes every component of $f(C)$ outside
+    its span cost $\|r_\perp\|^2/\epsilon$, which training then struggles with (measured: a
+    periodic prior's extrapolation needed far more steps with $\sqrt{\text{eps}_{64}}$ than with
+    the default $10^{-4}$). The default does not depend on the dtype. A Cholesky of the dense
     ``(n_C O) x (n_C O)`` Gram: keep the number of training context points modest.
 
     Example:
@@ -143,13 +144,13 @@ def rkhs_norm(fn, params, prior, context_points, *, jitter: float | None = None)
     kernel = prior.kernel_for(num_outputs, "rkhs_norm")
     resid = (jax.vmap(fn, in_axes=(None, 0))(params, C) - prior.mean_at(C, num_outputs)).reshape(-1)
     K = kernel(C).astype(resid.dtype)
-    eps = (_default_jitter(resid.dtype) if jitter is None else jitter) * jnp.mean(jnp.diag(K))
+    eps = jitter * jnp.mean(jnp.diag(K))
     chol = jnp.linalg.cholesky(K + eps * jnp.eye(K.shape[0], dtype=K.dtype))
     z = jax.scipy.linalg.solve_triangular(chol, resid, lower=True)
     return 0.5 * jnp.sum(z**2)
 
 
-def fsp_objective(fn, prior, likelihood: Likelihood, *, num_data: int, context, jitter: float | None = None):
+def fsp_objective(fn, prior, likelihood: Likelihood, *, num_data: int, context, jitter: float = 1e-4):
     r"""The FSP-Laplace training objective (algorithm 1), as a function for `jax.grad` and optax.
 
     Returns ``objective(params, batch, key=None)`` with ``batch = (inputs, targets)`` of
@@ -278,18 +279,18 @@ def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, 
     # 1. Lanczos on K_CC from J(C) 1, and L with L L^T = K^+ on the Krylov space.
     v0 = J @ jnp.ones_like(flat)
     run = lo.lanczos(K, num_steps, v0=v0)
-    L = run.pinv_factor(num_steps * eps if rtol is None else rtol)
+    L = run.pinv_factor(rtol)
     # 2.-3. M = J(C)^T L by VJPs, and its thin SVD; directions below the cut-off are dropped.
     M = J.T @ L
     U_M, D_M, _ = jnp.linalg.svd(M, full_matrices=False)
-    keep = _cutoff(D_M, max(M.shape) * eps if rtol is None else rtol)
+    keep = _cutoff(D_M, rtol)
     U_M = U_M * keep[None, :]
     D_M = jnp.where(keep, D_M, 0.0)
     # 4.-5. A = D^2 + U^T G U by GGN products, and its eigendecomposition (ascending).
     G = lo.GGNOp(fn, params, X, Y, likelihood, batch_size=batch_size)
     A = jnp.diag(D_M**2) + U_M.T @ (G @ U_M)
     D_A, U_A = jnp.linalg.eigh((A + A.T) / 2)
-    inv = jnp.where(_cutoff(D_A, num_steps * eps if rtol is None else rtol), 1.0 / jnp.where(D_A > 0, D_A, 1.0), 0.0)
+    inv = jnp.where(_cutoff(D_A, rtol), 1.0 / jnp.where(D_A > 0, D_A, 1.0), 0.0)
     V = U_M @ U_A
     # 6. Truncate the smallest eigenvalues until the posterior variance is at most the prior
     #    variance at every context point (a relative slack of 10 eps for rounding).
@@ -307,7 +308,7 @@ def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, 
 
 def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likelihood, rank: int | None = None,
                 batch_size: int | None = None, context_batch_size: int | None = None,
-                rtol: float | None = None) -> FSPLaplacePosterior:
+                rtol: float = 1e-6) -> FSPLaplacePosterior:
     r"""The FSP-Laplace posterior (algorithm 2): a GP prior at context points, matrix-free.
 
     Args:
@@ -321,8 +322,11 @@ def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likeliho
         rank: Lanczos steps on $K_{CC}$, at most $n_C O$ (default ``min(500, n_C O)``).
         batch_size: training examples per GGN batch (memory ``O(batch * rank)``).
         context_batch_size: context points per Jacobian batch.
-        rtol: relative cut-off of the pseudo-inverses of $K_{CC}$, $M$ and $A$ (default:
-            the number of columns times the dtype's eps).
+        rtol: relative cut-off of the pseudo-inverses of $K_{CC}$, $M$ and $A$. The default
+            does not depend on the dtype, so float32 and float64 compute the same
+            approximation (float32 cannot resolve a kernel spectrum much below $10^{-6}$ of its
+            top); a smaller value in float64 keeps more prior directions, which mostly changes
+            the variance away from the context points.
 
     Returns:
         An `FSPLaplacePosterior`.

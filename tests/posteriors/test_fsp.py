@@ -8,7 +8,7 @@ import pytest
 
 import linops as lo
 import posteriors as pst
-from linops.kernels import RBF, Matern12, Matern52
+from linops.kernels import RBF, Matern12, Matern52, Periodic, fit_gp
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import ravel
 
@@ -123,7 +123,7 @@ def test_posterior_variance_never_exceeds_the_prior_variance_at_a_context_point(
     assert np.all(np.asarray(post.d)[: int(post.info.truncated)] == 0)  # (minimality: the dense test)
 
 
-def test_float32_and_float64_agree():
+def test_float32_and_float64_agree_to_1e_3_of_the_largest_variance():
     p64, X, Y = _toy(n=20, seed=6)
     C = jnp.linspace(-2.0, 2.0, 30)[:, None]
     T = jnp.linspace(-2.5, 2.5, 25)[:, None]
@@ -132,10 +132,10 @@ def test_float32_and_float64_agree():
     p32 = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), p64)
     for dtype, params in ((jnp.float64, p64), (jnp.float32, p32)):
         post = pst.fsp_laplace(_fn, params, (X.astype(dtype), Y.astype(dtype)), kernel, C.astype(dtype),
-                               likelihood=lik, rtol=1e-6)
+                               likelihood=lik)  # the default rtol is the same for both dtypes
         var[dtype] = np.asarray(post.predictive(T.astype(dtype))[1])
-    scale = np.max(var[jnp.float64])
-    np.testing.assert_allclose(var[jnp.float32], var[jnp.float64], atol=2e-3 * scale)
+    # Measured: 1.6e-4 of the largest variance (tests points reach past the context points).
+    np.testing.assert_allclose(var[jnp.float32], var[jnp.float64], atol=1e-3 * np.max(var[jnp.float64]))
 
 
 def test_objective_is_the_scaled_nll_plus_the_rkhs_norm():
@@ -181,3 +181,82 @@ def test_bad_input_is_refused_with_a_clear_error():
         obj(params, (X, Y))
     with pytest.raises(ValueError, match="num_data must be a positive integer"):
         pst.fsp_objective(_fn, RBF(), Gaussian(0.1), num_data=0, context=C)
+
+
+# --- the paper's qualitative claims, on its 1-D problem (sin(2 pi x), data on [-1,-.5] U [.5,1]) ---
+
+
+def _paper_1d(n=60, seed=0):
+    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+    side = jnp.where(jax.random.bernoulli(k2, 0.5, (n,)), 1.0, -1.0)
+    X = (jax.random.uniform(k1, (n,), jnp.float64, 0.5, 1.0) * side)[:, None]
+    return X, jnp.sin(2 * jnp.pi * X) + 0.1 * jax.random.normal(k3, (n, 1), jnp.float64)
+
+
+def _train(objective, X, Y, steps=6000, seed=1):
+    """Adam on the paper's 2 x 50 tanh MLP (an Equinox model), one jitted scan."""
+    import equinox as eqx
+    import optax
+
+    from linops.models import from_equinox
+
+    fn, params = from_equinox(eqx.nn.MLP(1, 1, 50, 2, activation=jnp.tanh, key=jax.random.key(seed),
+                                         dtype=jnp.float64))
+    opt = optax.adam(3e-3)
+
+    @jax.jit
+    def run(params):
+        def step(carry, key):
+            p, state = carry
+            grads = jax.grad(objective(fn))(p, (X, Y), key)
+            updates, state = opt.update(grads, state, p)
+            return (optax.apply_updates(p, updates), state), None
+
+        return jax.lax.scan(step, (params, opt.init(params)), jax.random.split(jax.random.key(2), steps))[0][0]
+
+    return fn, run(params)
+
+
+def _fsp_trained(prior, X, Y):
+    def objective(fn):
+        return pst.fsp_objective(fn, prior, Gaussian(0.1), num_data=X.shape[0],
+                                 context=lambda key: pst.context.uniform(key, X, 100))
+
+    fn, params = _train(objective, X, Y)
+    return pst.fsp_laplace(fn, params, (X, Y), prior, pst.context.grid(X, 100), likelihood=Gaussian(0.1))
+
+
+@pytest.mark.slow
+def test_away_from_the_data_the_mean_moves_to_the_prior_mean_and_the_variance_grows():
+    """At the edges of the context box (x = +-2, about 4 lengthscales from the data) the FSP
+    network sits near the prior mean 0.5 where a network trained on the likelihood alone
+    extrapolates far away (measured with a smaller network and 3,000 steps: 0.6-0.8 from the
+    prior mean against 2.8-4.8, three seeds; training does not bring it all the way); the
+    variance there is a large fraction of the prior's, and on the training data a small one."""
+    X, Y = _paper_1d()
+    prior = pst.GPPrior(RBF(0.23, 0.63), mean=lambda x: jnp.array([0.5]))  # fit_gp's RBF on these data
+    post = _fsp_trained(prior, X, Y)
+    far = jnp.array([[-2.0], [-1.9], [1.9], [2.0]])
+    def nll(fn):  # the likelihood alone
+        return lambda p, batch, key: jnp.sum(jax.vmap(Gaussian(0.1).nll)(jax.vmap(fn, in_axes=(None, 0))(p, batch[0]),
+                                                                         batch[1]))
+
+    fn, params = _train(nll, X, Y)
+    plain = jax.vmap(fn, in_axes=(None, 0))(params, far)
+    mean, var = post.predictive(far)
+    assert float(jnp.max(jnp.abs(mean - 0.5))) < 0.35 * float(jnp.max(jnp.abs(plain - 0.5))), (mean, plain)
+    assert np.all(np.asarray(var) > 0.3 * np.asarray(post.prior_variance(far))), var
+    _, train_var = post.predictive(X)
+    assert np.all(np.asarray(train_var) < 0.05 * np.asarray(post.prior_variance(X)))
+
+
+@pytest.mark.slow
+def test_a_periodic_prior_extrapolates_periodically_and_an_rbf_prior_does_not():
+    X, Y = _paper_1d()
+    gap = jnp.linspace(-0.35, 0.35, 15)[:, None]  # no data here
+    rmse = {}
+    for name, start in (("periodic", Periodic(1.0, 1.0, 1.0)), ("rbf", RBF(0.3, 1.0))):
+        kernel = fit_gp(start, X, Y[:, 0], noise_variance=0.01, num_steps=300).kernel  # as the paper sets priors
+        mean, _ = _fsp_trained(kernel, X, Y).predictive(gap)
+        rmse[name] = float(jnp.sqrt(jnp.mean((mean - jnp.sin(2 * jnp.pi * gap)) ** 2)))
+    assert rmse["periodic"] < 0.15 and rmse["rbf"] > 0.3, rmse
