@@ -42,13 +42,17 @@ class Lanczos(eqx.Module):
         alpha: ``(m,)`` the diagonal of $T$.
         beta: ``(m,)`` the off-diagonal of $T$ (``beta[j]`` couples steps ``j`` and ``j + 1``);
             ``beta[steps - 1]`` is the residual norm that multiplies the next basis vector.
-        steps: the steps run (fewer than ``m`` when the Krylov space became invariant).
+        steps: the steps run (fewer than ``m`` when the Krylov space became invariant and
+            ``restart`` was off).
+        restarts: how many times an invariant Krylov space was left for a new direction
+            (``beta`` is zero there, and $T$ is block tridiagonal).
     """
 
     Q: jax.Array
     alpha: jax.Array
     beta: jax.Array
     steps: jax.Array
+    restarts: jax.Array
 
     def tridiagonal(self) -> jax.Array:
         """$T = Q^\\top A Q$ as a dense ``(m, m)`` matrix (zero past ``steps``)."""
@@ -83,14 +87,22 @@ class Lanczos(eqx.Module):
         return self.Q @ (S * scale[None, :])
 
 
-def lanczos(A: LinearOperator, num_steps: int, *, key: jax.Array | None = None, v0=None) -> Lanczos:
+def lanczos(A: LinearOperator, num_steps: int, *, key: jax.Array | None = None, v0=None,
+            restart: bool = False) -> Lanczos:
     r"""``num_steps`` Lanczos steps on the symmetric operator ``A`` with full reorthogonalisation.
 
     Start from ``v0`` when given (normalised here), else from a Gaussian vector drawn with ``key``.
-    Stops early, with ``steps < num_steps``, when the Krylov space is invariant (a relative test).
+    When the Krylov space becomes invariant (a relative test on the new residual), the run
+    stops early with ``steps < num_steps``; with ``restart=True`` it goes on instead from the
+    coordinate vector least represented in the basis so far (deterministic, orthogonalised
+    against the basis), so the basis always reaches ``num_steps`` vectors. Restarting matters
+    when $A$ has few distinct eigenvalues (a kernel Gram of points far apart relative to the
+    lengthscale is nearly $cI$: its Krylov space from one vector is one-dimensional).
+
     Differentiable in reverse mode w.r.t. the operator's arrays and ``v0`` by a custom adjoint
-    (no unrolled loop); the derivative of the Ritz pairs is defined when the run did not stop
-    early (the padded zeros of $T$ are then repeated eigenvalues).
+    (no unrolled loop). The derivative is defined for a run that neither stopped early (the
+    padded zeros of $T$ are repeated eigenvalues) nor restarted (the new direction is not a
+    differentiable function of the inputs): after a restart the gradients are NaN.
 
     Example:
         >>> import jax, jax.numpy as jnp, linops as lo
@@ -120,21 +132,30 @@ def lanczos(A: LinearOperator, num_steps: int, *, key: jax.Array | None = None, 
     v0 = jnp.asarray(v0, A.dtype)
     if v0.shape != (n,):
         raise ValueError(f"lanczos: v0 must have shape ({n},) for {describe(A)}, got {v0.shape}")
-    basis, alpha, beta, steps = _tridiagonalise((A, v0), int(num_steps))
-    return Lanczos(basis.T, alpha, beta, steps)
+    basis, alpha, beta, steps, restarts = _tridiagonalise((A, v0), int(num_steps), bool(restart))
+    return Lanczos(basis.T, alpha, beta, steps, restarts)
 
 
-def _forward(A, v0, m):
-    """The Lanczos recursion: ``(basis (m, n) by rows, alpha, beta, steps, next unit vector)``."""
+def _new_direction(Q):
+    """The unit coordinate vector least represented in the row space of ``Q``, orthogonalised against it."""
+    i = jnp.argmin(jnp.sum(Q**2, axis=0))
+    w = jnp.zeros(Q.shape[1], Q.dtype).at[i].set(1.0)
+    w = w - (Q @ w) @ Q
+    w = w - (Q @ w) @ Q
+    return w / jnp.linalg.norm(w)
+
+
+def _forward(A, v0, m, restart):
+    """The Lanczos recursion: ``(basis (m, n) by rows, alpha, beta, steps, restarts, next unit vector)``."""
     n, dtype = v0.shape[0], A.dtype
     tiny = float(np.finfo(dtype).eps) * m
 
     def cond(state):
-        j, _, _, _, _, done = state
+        j, _, _, _, _, done, _ = state
         return (j < m) & ~done
 
     def body(state):
-        j, Q, alpha, beta, q, _ = state
+        j, Q, alpha, beta, q, _, restarts = state
         Q = Q.at[j].set(q)
         w = A.mv(q)
         a = jnp.vdot(q, w)
@@ -144,33 +165,38 @@ def _forward(A, v0, m):
         w = w - (Q @ w) @ Q
         b = jnp.linalg.norm(w)
         scale = jnp.maximum(jnp.max(jnp.abs(alpha)), jnp.abs(a))
-        done = ~(b > tiny * jnp.maximum(scale, jnp.max(beta)))  # invariant subspace (or NaN)
-        alpha, beta = alpha.at[j].set(a), beta.at[j].set(jnp.where(done, 0.0, b))
-        q = jnp.where(done, 0.0, w / jnp.where(done, 1.0, b))
-        return j + 1, Q, alpha, beta, q, done
+        invariant = ~(b > tiny * jnp.maximum(scale, jnp.max(beta)))  # (or NaN)
+        alpha, beta = alpha.at[j].set(a), beta.at[j].set(jnp.where(invariant, 0.0, b))
+        if restart:
+            more = invariant & (j + 1 < m)
+            q = lax.cond(more, lambda: _new_direction(Q), lambda: w / jnp.where(invariant, 1.0, b))
+            q = jnp.where(invariant & ~more, 0.0, q)
+            return j + 1, Q, alpha, beta, q, jnp.asarray(False), restarts + more.astype(restarts.dtype)
+        q = jnp.where(invariant, 0.0, w / jnp.where(invariant, 1.0, b))
+        return j + 1, Q, alpha, beta, q, invariant, restarts
 
     q0 = v0 / jnp.linalg.norm(v0)
     state = (jnp.asarray(0), jnp.zeros((m, n), dtype), jnp.zeros(m, dtype), jnp.zeros(m, dtype), q0,
-             jnp.asarray(False))
-    steps, Q, alpha, beta, q_next, _ = lax.while_loop(cond, body, state)
-    return Q, alpha, beta, steps, q_next
+             jnp.asarray(False), jnp.asarray(0))
+    steps, Q, alpha, beta, q_next, _, restarts = lax.while_loop(cond, body, state)
+    return Q, alpha, beta, steps, restarts, q_next
 
 
 @eqx.filter_custom_vjp
-def _tridiagonalise(operands, m):
+def _tridiagonalise(operands, m, restart):
     A, v0 = operands
-    return _forward(A, v0, m)[:4]
+    return _forward(A, v0, m, restart)[:5]
 
 
 @_tridiagonalise.def_fwd
-def _tridiagonalise_fwd(perturbed, operands, m):
+def _tridiagonalise_fwd(perturbed, operands, m, restart):
     A, v0 = operands
-    Q, alpha, beta, steps, q_next = _forward(A, v0, m)
-    return (Q, alpha, beta, steps), (Q, alpha, beta, steps, q_next)
+    Q, alpha, beta, steps, restarts, q_next = _forward(A, v0, m, restart)
+    return (Q, alpha, beta, steps, restarts), (Q, alpha, beta, steps, restarts, q_next)
 
 
 @_tridiagonalise.def_bwd
-def _tridiagonalise_bwd(residuals, cotangents, perturbed, operands, m):
+def _tridiagonalise_bwd(residuals, cotangents, perturbed, operands, m, restart):
     r"""The adjoint of the Lanczos relations, solved backwards (0-based steps $j$).
 
     With multipliers $\Lambda = [\lambda_0, \dots]$ for $AQ = QH + re^\top$, a symmetric $\Sigma$
@@ -183,8 +209,9 @@ def _tridiagonalise_bwd(residuals, cotangents, perturbed, operands, m):
     $\bar v = -\|v\|^{-1}(I - q_0 q_0^\top)\mu$.
     """
     A, v0 = operands
-    Q, alpha, beta, steps, q_next = residuals
-    Q_bar, alpha_bar, beta_bar, _ = cotangents
+    Q, alpha, beta, steps, restarts, q_next = residuals
+    Q_bar, alpha_bar, beta_bar, _, _ = cotangents
+    undefined = jnp.where(restarts > 0, jnp.nan, 1.0).astype(Q.dtype)  # a restarted run has no derivative
     dtype = Q.dtype
     Q_bar = jnp.zeros_like(Q) if Q_bar is None else Q_bar
     alpha_bar = jnp.zeros_like(alpha) if alpha_bar is None else alpha_bar
@@ -232,7 +259,8 @@ def _tridiagonalise_bwd(residuals, cotangents, perturbed, operands, m):
     _, rhs0 = column(jnp.asarray(0), lam_0, lam_1, Sigma, jnp.zeros(m, dtype))
     mu = -rhs0
     q0 = Q[0]
-    v_bar = -(mu - jnp.vdot(q0, mu) * q0) / jnp.linalg.norm(v0)
+    v_bar = -(mu - jnp.vdot(q0, mu) * q0) / jnp.linalg.norm(v0) * undefined
+    Lam = Lam * undefined
 
     A_perturbed, v_perturbed = perturbed
     if any(jax.tree_util.tree_leaves(A_perturbed)):
@@ -251,8 +279,10 @@ class LanczosLowRankOp(LowRank):
     A `LowRank` with orthonormal ``U``: it composes like one (a shift solves by Woodbury,
     `lo.logdet` by the determinant lemma, `lo.pinv` and `lo.sqrt` in closed form).
     ``residuals`` holds each Ritz pair's $\|A u_i - \lambda_i u_i\|$ (the convergence
-    information) and ``steps`` the Lanczos steps run. Differentiable in reverse mode through
-    the adjoint of `lanczos`.
+    information) and ``steps`` the Lanczos steps run. The run restarts on an invariant Krylov
+    space (`lanczos` with ``restart=True``), so ``rank`` orthonormal pairs come back whenever
+    ``num_steps >= rank``. Differentiable in reverse mode through the adjoint of `lanczos`
+    (when no restart was needed).
 
     Args:
         A: a symmetric operator.
@@ -287,7 +317,7 @@ class LanczosLowRankOp(LowRank):
             num_steps = min(limit, 2 * int(rank) + 10) if num_steps is None else num_steps
             if isinstance(num_steps, (int, np.integer)) and num_steps < rank:
                 raise ValueError(f"LanczosLowRankOp: num_steps ({num_steps}) must be at least rank ({rank})")
-            run = lanczos(A, num_steps, key=key)
+            run = lanczos(A, num_steps, key=key, restart=True)
         w, U, residuals = run.ritz()
         super().__init__(U[:, :rank], w[:rank], orthonormal=True)
         self.residuals, self.steps = residuals[:rank], run.steps

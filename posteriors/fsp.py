@@ -7,7 +7,9 @@ precision $J(C)^\top K_{CC}^{+} J(C) + G$ without forming any ``P x P``, ``P x n
 ``n_C x n_C`` matrix:
 
 1. Lanczos on $K_{CC}$ (matrix-free, `linops.KernelGramOp`) started at $J(C)\mathbf 1$,
-   giving $L$ with $L L^\top \approx K_{CC}^{+}$;
+   giving $L$ with $L L^\top \approx K_{CC}^{+}$ (restarted on an invariant Krylov space:
+   context points far apart relative to the lengthscale make $K_{CC} \approx cI$, whose
+   Krylov space from one vector is one-dimensional);
 2. $M = J(C)^\top L$ by VJPs; 3. a thin SVD $M = U_M D_M V_M^\top$;
 4. $A = D_M^2 + U_M^\top G U_M$ by GGN products; 5. $A = U_A D_A U_A^\top$;
 6. covariance $U_M U_A D_A^{+} U_A^\top U_M^\top$, after truncating the smallest eigenvalues
@@ -44,9 +46,9 @@ from posteriors.gaussian import LowRankPosterior
 
 
 class GPPrior(eqx.Module):
-    r"""A Gaussian-process prior $\mathcal{GP}(\mu, k)$ on the network function.
+    r"""A Gaussian-process prior $\mathcal{GP}(\mu, k)$ on the network function: ``GPPrior(kernel, mean=None)``.
 
-    Args:
+    Attributes:
         kernel: a `linops.kernels.Kernel`. A single-output kernel is shared by all $O$
             outputs, independently; a multi-output kernel must have $O$ outputs.
         mean: the prior mean $\mu(x) \in \mathbb R^O$ of ONE input (default zero).
@@ -226,8 +228,8 @@ class FSPInfo(eqx.Module):
     """What `fsp_laplace` did, as values.
 
     Attributes:
-        lanczos_steps: Lanczos steps run on $K_{CC}$ (fewer than asked when the Krylov space
-            became invariant).
+        lanczos_steps: Lanczos steps run on $K_{CC}$.
+        lanczos_restarts: how often Lanczos left an invariant Krylov space for a new direction.
         rank: columns of $M = J(C)^\\top L$ above the relative cut-off.
         truncated: eigenvalues of $A$ removed so that the posterior variance stays below
             the prior variance at every context point.
@@ -235,6 +237,7 @@ class FSPInfo(eqx.Module):
     """
 
     lanczos_steps: jax.Array
+    lanczos_restarts: jax.Array
     rank: jax.Array
     truncated: jax.Array
     max_variance_ratio: jax.Array
@@ -278,7 +281,7 @@ def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, 
     K = lo.KernelGramOp(kernel, C.astype(dtype))
     # 1. Lanczos on K_CC from J(C) 1, and L with L L^T = K^+ on the Krylov space.
     v0 = J @ jnp.ones_like(flat)
-    run = lo.lanczos(K, num_steps, v0=v0)
+    run = lo.lanczos(K, num_steps, v0=v0, restart=True)
     L = run.pinv_factor(rtol)
     # 2.-3. M = J(C)^T L by VJPs, and its thin SVD; directions below the cut-off are dropped.
     M = J.T @ L
@@ -302,7 +305,7 @@ def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, 
     k = jnp.argmax(ok)
     d = jnp.where(jnp.arange(inv.shape[0]) >= k, inv, 0.0)
     ratio = jnp.max(jnp.take(tail, k, axis=1) / prior_var)
-    info = FSPInfo(run.steps, jnp.sum(keep), k, ratio)
+    info = FSPInfo(run.steps, run.restarts, jnp.sum(keep), k, ratio)
     return V, d, info
 
 

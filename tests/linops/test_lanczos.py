@@ -175,3 +175,24 @@ def test_gradient_program_does_not_grow_with_the_number_of_steps():
         return len(jax.make_jaxpr(jax.grad(f))(M).eqns)
 
     assert size(5) == size(50)
+
+
+def test_restart_leaves_an_invariant_krylov_space_and_completes_the_basis():
+    d = jnp.array([2.0, 2.0, 2.0, 1.0, 1.0, 0.5])  # three distinct eigenvalues: Krylov dimension 3
+    v = jnp.ones(6)
+    plain = lo.lanczos(lo.Diagonal(d), 6, v0=v)
+    assert int(plain.steps) == 3 and int(plain.restarts) == 0
+    run = lo.lanczos(lo.Diagonal(d), 6, v0=v, restart=True)
+    assert int(run.steps) == 6 and int(run.restarts) == 3
+    assert_close(run.Q.T @ run.Q, np.eye(6), atol=1e-12)
+    assert_close(run.Q @ run.tridiagonal() @ run.Q.T, np.diag(d), atol=1e-12)  # Q T Q^T = A on the whole space
+    L = run.pinv_factor()
+    assert_close(L @ L.T, np.diag(1 / np.asarray(d)), atol=1e-12)
+    # LanczosLowRankOp restarts by default: four orthonormal eigenpairs although the Krylov space of
+    # a start vector has dimension three
+    low = lo.LanczosLowRankOp(lo.Diagonal(d), 4, jax.random.key(0), num_steps=6)
+    assert_close(low.U.T @ low.U, np.eye(4), atol=1e-12)
+    assert_close(np.sort(np.asarray(low.d)), [1.0, 2.0, 2.0, 2.0], atol=1e-12)
+    # a restarted run has no derivative: NaN, not a silently wrong number
+    grad = jax.grad(lambda d: jnp.sum(lo.lanczos(lo.Diagonal(d), 6, v0=v, restart=True).alpha))(d)
+    assert bool(jnp.all(jnp.isnan(grad)))

@@ -260,3 +260,17 @@ def test_a_periodic_prior_extrapolates_periodically_and_an_rbf_prior_does_not():
         mean, _ = _fsp_trained(kernel, X, Y).predictive(gap)
         rmse[name] = float(jnp.sqrt(jnp.mean((mean - jnp.sin(2 * jnp.pi * gap)) ** 2)))
     assert rmse["periodic"] < 0.15 and rmse["rbf"] > 0.3, rmse
+
+
+def test_context_points_far_apart_need_lanczos_restarts_and_still_match_the_exact_inverse():
+    """A lengthscale much shorter than the context spacing makes K_CC nearly cI: Lanczos from
+    J(C) 1 alone sees a one-dimensional Krylov space; with restarts it recovers K^-1."""
+    params, X, Y = _toy()
+    C = jnp.linspace(-3.0, 3.0, 10)[:, None]  # spacing 0.67, lengthscale 0.05
+    kernel, lik, rtol = RBF(0.05, 0.7), Gaussian(0.2), 1e-10
+    post = pst.fsp_laplace(_fn, params, (X, Y), kernel, C, likelihood=lik, rtol=rtol)
+    assert int(post.info.lanczos_restarts) > 0 and int(post.info.lanczos_steps) == 10
+    K = np.asarray(kernel(C))
+    cov, k = _dense_algorithm2(params, X, Y, C, kernel, lik, np.linalg.cholesky(np.linalg.inv(K)), rtol)
+    assert int(post.info.truncated) == k
+    _assert_same_posterior(post, cov, C)
