@@ -112,3 +112,19 @@ class Kernel(eqx.Module):
         return NotImplemented
 
     __rmul__ = __mul__
+
+
+# Inputs of at most this many dimensions get their pairwise sums by an unrolled loop over
+# dimensions: on XLA:CPU a reduction over a short trailing axis of a (b, m, d) array runs
+# 5-10x slower than d fused elementwise passes (measured for d = 2 and 8).
+_FEW_DIMS = 8
+
+
+def _pairwise_sum(X, Y, term):
+    """``sum_k term(X[:, None, k] - Y[None, :, k], k)``, shape ``(len(X), len(Y))``."""
+    if X.shape[1] <= _FEW_DIMS:
+        total = term(X[:, None, 0] - Y[None, :, 0], 0)
+        for k in range(1, X.shape[1]):
+            total = total + term(X[:, None, k] - Y[None, :, k], k)
+        return total
+    return jnp.sum(term(X[:, None, :] - Y[None, :, :], slice(None)), axis=-1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from linops.kernels._base import Kernel, _check_inputs, _positive
+from linops.kernels._base import Kernel, _check_inputs, _pairwise_sum, _positive
 
 
 class Periodic(Kernel):
@@ -29,9 +29,13 @@ class Periodic(Kernel):
         self.variance = _positive("variance", "Periodic", variance)
 
     def _tile(self, X, Y, offset):
-        ell = self.lengthscale if self.lengthscale.ndim == 0 else self.lengthscale[None, None, :]
-        s = jnp.sin(jnp.pi * (X[:, None, :] - Y[None, :, :]) / self.period) / ell
-        return self.variance * jnp.exp(-2 * jnp.sum(s**2, axis=-1))
+        ell = self.lengthscale
+
+        def term(diff, k):
+            scale = ell if ell.ndim == 0 else ell[k]
+            return (jnp.sin(jnp.pi * diff / self.period) / scale) ** 2
+
+        return self.variance * jnp.exp(-2 * _pairwise_sum(X, Y, term))
 
     def diag(self, X):
         X = _check_inputs(X, "Periodic")

@@ -23,6 +23,10 @@ class KernelGramOp(LinearOperator):
     keeps a tile near $2^{22}$ numbers. With ``X2`` None the operator is $k(X, X)$, tagged symmetric PSD, with an
     exact `lo.diag`; with ``X2`` it is the cross-covariance $k(X, X_2)$ (``n x m``).
 
+    Reverse-mode derivatives (w.r.t. the kernel's hyperparameters or the inputs) recompute each
+    tile in the backward pass (`jax.checkpoint`), so they too stay at $O(\text{block} \cdot m)$
+    memory instead of keeping every tile.
+
     For a kernel with $O$ outputs the operator is $(nO) \times (mO)$ in example-major order (row
     $iO + o$ is output $o$ of example $i$, as in `JacobianOp`). Structured kernels never form the
     $(bO) \times (mO)$ block: a `Coregionalized` kernel applies $B$ to one tile's product and a
@@ -103,7 +107,9 @@ class KernelGramOp(LinearOperator):
         n_out, m = self.kernel.num_outputs, self._columns().shape[0]
         V = jnp.asarray(V, self.dtype)
         blocks, starts = self._blocks()
-        out = lax.map(lambda a: self._block_mm(a[0], a[1], V.reshape(m, n_out, -1)), (blocks, starts))
+        # Checkpointed: reverse mode recomputes each tile instead of keeping all of them (n x m).
+        block = jax.checkpoint(lambda a: self._block_mm(a[0], a[1], V.reshape(m, n_out, -1)))
+        out = lax.map(block, (blocks, starts))
         return out.reshape(-1, V.shape[1])[: self.shape[0]]
 
     def mv(self, v):
@@ -120,6 +126,7 @@ class KernelGramOp(LinearOperator):
         Ub = jnp.concatenate([U, pad]).reshape(blocks.shape[0], b, n_out, k)
         columns = jax.ShapeDtypeStruct((m, n_out, k), self.dtype)
 
+        @jax.checkpoint
         def step(acc, a):
             # The transposed block product, derived by JAX from the block product (linear in V).
             (contribution,) = jax.linear_transpose(lambda V: self._block_mm(a[0], a[1], V), columns)(a[2])

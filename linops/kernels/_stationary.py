@@ -7,7 +7,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from linops.kernels._base import Kernel, _check_inputs, _positive
+from linops.kernels._base import _FEW_DIMS, Kernel, _check_inputs, _pairwise_sum, _positive
 
 
 class Stationary(Kernel):
@@ -38,15 +38,37 @@ class Stationary(Kernel):
         raise NotImplementedError
 
     def _tile(self, X, Y, offset):
-        ell = self.lengthscale if self.lengthscale.ndim == 0 else self.lengthscale[None, None, :]
-        # Differences, not |x|^2 + |y|^2 - 2 x.y: the expansion leaves r^2 ~ eps |x|^2 at coincident
-        # points, which the Matérn kernels' sqrt turns into an error of sqrt(eps).
-        r2 = jnp.sum(((X[:, None, :] - Y[None, :, :]) / ell) ** 2, axis=-1)
-        return self.variance * self._profile(r2)
+        return self.variance * self._profile(_scaled_sq_dist(X, Y, self.lengthscale, offset))
 
     def diag(self, X):
         X = _check_inputs(X, type(self).__name__)
         return jnp.broadcast_to(self.variance * self._profile(jnp.zeros((), X.dtype)), X.shape[:1]).astype(X.dtype)
+
+
+def _scaled_sq_dist(X, Y, ell, offset):
+    r"""Squared distances $\|(x - y)/\ell\|^2$ between the rows of ``X`` and ``Y``.
+
+    Few dimensions: exact differences, one dimension at a time, each scaled after the
+    subtraction (scaling the inputs first and slicing their columns triggered an XLA:CPU
+    miscompilation of the Matérn-5/2 profile followed by a broadcast product, in jaxlib 0.10.2:
+    `tests/linops/test_multioutput_kernels.py` caught it). Many: the expansion
+    $|x|^2 + |y|^2 - 2x^\top y$ (one matrix product) after centring both on ``Y``'s mean (the
+    distance is translation invariant, and centring shrinks the expansion's rounding
+    $\approx \text{eps}\,(|x|^2 + |y|^2)$), clamped at 0, with the diagonal of a symmetric Gram
+    (``offset`` given) set to exactly 0. Only coincident points of a cross-covariance keep an
+    $r^2$ of rounding size, which the Matérn kernels' square root turns into $\sqrt{\text{eps}}$.
+    """
+    if X.shape[1] <= _FEW_DIMS:
+        return _pairwise_sum(X, Y, lambda diff, k: (diff / (ell if ell.ndim == 0 else ell[k])) ** 2)
+    scale = ell if ell.ndim == 0 else ell[None, :]
+    X, Y = X / scale, Y / scale
+    centre = jnp.mean(Y, axis=0, keepdims=True)
+    X, Y = X - centre, Y - centre
+    r2 = jnp.maximum(jnp.sum(X**2, axis=1)[:, None] + jnp.sum(Y**2, axis=1)[None, :] - 2 * (X @ Y.T), 0.0)
+    if offset is not None:
+        same = (offset + jnp.arange(X.shape[0]))[:, None] == jnp.arange(Y.shape[0])[None, :]
+        r2 = jnp.where(same, 0.0, r2)
+    return r2
 
 
 def _safe_sqrt(r2):

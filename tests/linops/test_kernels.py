@@ -182,3 +182,34 @@ def test_fit_gp_on_a_subset_needs_a_key_and_uses_that_many_points():
     assert fit.num_points == 10
     with pytest.raises(ValueError, match=r"y must have shape \(30,\)"):
         K.fit_gp(K.RBF(), X, jnp.zeros(29))
+
+
+@pytest.mark.parametrize("name", STATIONARY)
+def test_many_input_dimensions_use_the_expansion_and_stay_exact_on_the_diagonal(name):
+    """d > 8: distances by one matrix product; the symmetric Gram's diagonal stays exact (Matérn's
+    square root would turn a rounding-size r^2 into sqrt(eps))."""
+    rng = np.random.default_rng(3)
+    X, Y = 3.0 + rng.standard_normal((7, 12)), 3.0 + rng.standard_normal((5, 12))  # off-centre inputs
+    ell = np.linspace(0.5, 2.0, 12)
+    k = _make(name, ell, 1.7)
+    assert_close(k(X, Y), _reference(name, X, Y, ell, 1.7), rtol=1e-9, atol=1e-12)
+    G = jax.jit(lambda k, X: k(X))(k, X)
+    assert_close(G, _reference(name, X, X, ell, 1.7), rtol=1e-9, atol=1e-12)
+    assert bool(jnp.all(jnp.diag(G) == 1.7))
+    Kop = K.KernelGramOp(k, X, block_size=3)
+    assert_close(Kop.as_matrix(), _reference(name, X, X, ell, 1.7), rtol=1e-9, atol=1e-12)
+
+
+def test_gram_product_gradients_do_not_keep_every_tile():
+    """Reverse mode through a tiled product recomputes tiles: its temporary memory grows with n
+    (one block of rows at a time), not n^2 (measured: 5.6 MB at n = 2,000 and 22 MB at 8,000;
+    84 MB and 1.3 GB without the checkpoint)."""
+
+    def grad_temp_bytes(n):
+        X = jax.random.normal(jax.random.key(0), (n, 2), jnp.float32)
+        loss = lambda ell: jnp.sum(K.KernelGramOp(K.RBF(ell), X, block_size=100) @ jnp.ones(n, jnp.float32))  # noqa: E731
+        return jax.jit(jax.grad(loss)).lower(jnp.float32(1.0)).compile().memory_analysis().temp_size_in_bytes
+
+    small, large = grad_temp_bytes(2000), grad_temp_bytes(8000)
+    assert large < 0.1 * 8000**2 * 4, large
+    assert large < 6 * small, (small, large)  # 4x the points: about 4x the memory
