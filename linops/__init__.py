@@ -27,6 +27,7 @@ from linops._functions import (
     sqrt,
     trace,
 )
+from linops._kfac import KFAC, kfac
 from linops._lanczos import Lanczos, LanczosLowRankOp, lanczos
 from linops._leaves import Dense, Diagonal, FunctionOp, Identity, Zero
 from linops._lineax import LineaxOp, from_lineax, to_lineax
@@ -44,7 +45,7 @@ __all__ = [
     "AlternatingProjectionOp", "BlockDiagonal", "Complement", "count_matmuls", "Dense", "diag", "Diagonal",
     "eigh", "Estimate",
     "explain", "from_lineax", "FunctionOp", "GGNOp", "hutchinson", "Identity", "inv", "Inverse",
-    "JacobianOp", "kernels", "KernelGramOp", "Kronecker", "Lanczos", "lanczos", "LanczosLowRankOp",
+    "JacobianOp", "kernels", "KernelGramOp", "KFAC", "kfac", "Kronecker", "Lanczos", "lanczos", "LanczosLowRankOp",
     "likelihoods", "LinearOperator", "LineaxOp", "logdet",
     "LossJacobianOp", "lower", "Lowered", "LowRank", "memory", "models", "new_key", "NoReduction", "pinv",
     "Product", "Projection", "ProjectorOp", "Rule", "RULES", "Scaled", "Selection", "shift", "simplify",

@@ -255,6 +255,37 @@ class GGNOp(_LikelihoodOperator):
     def transpose(self):
         return self
 
+    def as_matrix(self):
+        r"""The dense $G = \sum_n (A_n J_n)^\top (A_n J_n)$ from the rows of the Hessian factors.
+
+        Per batch, the ``B K`` rows of $A_n J_n$ come from vector-Jacobian products (one per row
+        of the likelihood's Hessian factor) and are accumulated as one matrix product, so the
+        cost is about $NK$ reverse passes plus $NKP^2$ flops, not $P$ GGN products. The
+        batches hold about $2^{25}$ numbers of rows. Refused before any work when the
+        ``P x P`` result would not fit in memory.
+        """
+        from linops.memory import check_fits
+
+        P, K = self.num_params, self.num_outputs
+        itemsize = np.dtype(self.dtype).itemsize
+        check_fits(P * P * itemsize, f"GGNOp({P} x {P}).as_matrix()",
+                   "use lo.diag(G), a low-rank factor (lo.LanczosLowRankOp) or G @ V products instead")
+        chunk = max(1, min(self.num_examples, (1 << 25) // max(K * P, 1)))
+
+        def batch(data):
+            xb, yb, lb = data
+            out = self._batch_fn(xb)(self.params)
+            factors = self._per_example("hessian_factor", out, yb, lb)  # (B, K, O)
+
+            def example(x, A):
+                _, vjp = jax.vjp(lambda p: self.fn(p, x), self.params)
+                return jax.vmap(lambda a: _flat(vjp(a)[0]))(A)  # (K, P): the rows of A_n J_n
+
+            rows = jax.vmap(example)(xb, factors).reshape(-1, P)
+            return rows.T @ rows
+
+        return batched_sum(batch, self._data(), chunk)
+
     def _diag(self):
         def batch(data):
             xb, yb, lb = data

@@ -12,9 +12,12 @@ Example:
     (2, 2)
 """
 
-from posteriors import context
+from posteriors import context, predictive
 from posteriors.fsp import FSPInfo, FSPLaplacePosterior, GPPrior, fsp_laplace, fsp_objective, rkhs_norm
 from posteriors.gaussian import GaussianPosterior, LowRankPosterior
+from posteriors.io import load, save
+from posteriors.laplace_family import STRUCTURES, LaplacePosterior, laplace, last_layer_leaves
+from posteriors.marglik import marginal_log_likelihood, optimize_prior_precision
 from posteriors.projected import (
     ProjectedPosterior,
     loss_projected_posterior,
@@ -25,7 +28,9 @@ from posteriors.projected import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "context", "FSPInfo", "FSPLaplacePosterior", "fsp_laplace", "fsp_objective", "GaussianPosterior", "GPPrior",
+    "context", "predictive", "load", "save", "STRUCTURES", "LaplacePosterior", "laplace", "last_layer_leaves",
+    "marginal_log_likelihood", "optimize_prior_precision",
+    "FSPInfo", "FSPLaplacePosterior", "fsp_laplace", "fsp_objective", "GaussianPosterior", "GPPrior",
     "LowRankPosterior", "loss_projected_posterior", "optimal_prior_precision", "ProjectedPosterior",
     "projected_posterior", "rkhs_norm",
 ]

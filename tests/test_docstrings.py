@@ -22,6 +22,7 @@ _MODULES = [
     "linops.kernels", "linops.kernels._base", "linops.kernels._stationary", "linops.kernels._basic",
     "linops.kernels._combine", "linops.kernels._multioutput", "linops.kernels._gram", "linops.kernels._gp",
     "posteriors", "posteriors.projected", "posteriors.context", "posteriors.gaussian", "posteriors.fsp",
+    "posteriors.laplace_family", "posteriors.predictive", "posteriors.marglik", "posteriors.io", "linops._kfac",
 ]
 
 
@@ -34,7 +35,7 @@ def test_every_public_name_has_a_runnable_example():
     objects = _public(lo) + _public(linops.testing) + _public(linops.testing.strategies)
     objects += _public(linops.likelihoods) + _public(linops.models) + _public(linops.memory)
     objects += _public(linops.kernels)
-    objects += _public(posteriors)
+    objects += _public(posteriors) + _public(posteriors.predictive)
     for name, obj in objects:
         if not (inspect.isclass(obj) or inspect.isfunction(obj)):
             continue
@@ -49,7 +50,7 @@ def test_every_public_name_has_a_runnable_example():
 _EXAMPLE_IN_MODULE_DOC = {
     "Sum", "Product", "Scaled", "Transpose", "Inverse", "Lowered", "Solution", "Estimate",
     "NoReduction", "Case", "Likelihood", "Projection", "ProjectedPosterior", "Lanczos", "GPFit",
-    "GaussianPosterior", "FSPInfo", "FSPLaplacePosterior",
+    "GaussianPosterior", "FSPInfo", "FSPLaplacePosterior", "LaplacePosterior", "KFAC",
 }
 
 

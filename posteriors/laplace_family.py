@@ -1,0 +1,333 @@
+r"""The linearised Laplace family: full, diagonal, last-layer, low-rank and KFAC posteriors.
+
+$q(\theta) = \mathcal N(\theta^*, \Sigma)$ with $\Sigma = (G + \operatorname{diag}\alpha)^{-1}$,
+$G$ the generalised Gauss-Newton matrix of the data at the trained $\theta^*$ in one of five
+structures (`STRUCTURES`). The GGN is computed once; the prior precision $\alpha$ and, for a
+Gaussian likelihood, the noise $\sigma$ can change afterwards at the cost of a
+refactorisation (`LaplacePosterior.with_prior`), which is what evidence maximisation does
+(`posteriors.marginal_log_likelihood`, `posteriors.optimize_prior_precision`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import linops as lo
+from linops.likelihoods import Gaussian, Likelihood
+from linops.memory import check_fits
+from linops.models import ravel
+from posteriors import _structures as S
+from posteriors.gaussian import GaussianPosterior
+
+STRUCTURES = ("full", "diag", "last_layer", "lowrank", "kfac")
+
+
+class LaplacePosterior(GaussianPosterior):
+    r"""$\mathcal N(\theta^*, (G/s + \operatorname{diag}\alpha)^{-1})$ in one of the Laplace structures.
+
+    Attributes:
+        structure: ``"full"``, ``"diag"``, ``"last_layer"``, ``"lowrank"`` or ``"kfac"``.
+        likelihood: the likelihood the GGN was computed with.
+        prior_precision: $\alpha$, a scalar or one per parameter (of the subset, for ``"last_layer"``).
+        noise_scale: $s = \sigma^2/\sigma_0^2$ when the Gaussian noise was re-tuned after the fit (else 1).
+        subset: for ``"last_layer"``, the flat indices of the parameters with a posterior (the
+            others stay at $\theta^*$); None otherwise.
+        subset_leaves: for ``"last_layer"``, the indices of those parameters' leaves.
+        loss: $\sum_n \ell(f(\theta^*, x_n), y_n)$ under ``likelihood`` (the evidence's data term).
+        residual_ss: for a Gaussian likelihood, $\sum_n (y_n - f(\theta^*, x_n))^2$ per output
+            (to re-tune the noise); None otherwise.
+        num_examples: $N$.
+    """
+
+    structure: str = eqx.field(static=True)
+    likelihood: Likelihood
+    ggn: S.Structure
+    prior_precision: jax.Array
+    noise_scale: jax.Array
+    subset: jax.Array | None
+    subset_leaves: tuple | None = eqx.field(static=True)
+    loss: jax.Array
+    residual_ss: jax.Array | None
+    num_examples: int = eqx.field(static=True)
+    factor: object
+
+    @property
+    def num_params(self) -> int:
+        """$P$, all the model's parameters."""
+        return self.mean.shape[0]
+
+    @property
+    def _sub_mean(self):
+        return self.mean if self.subset is None else self.mean[self.subset]
+
+    def _embed(self, op):
+        if self.subset is None:
+            return op
+        E = lo.Selection(self.subset, self.num_params, dtype=self.mean.dtype)
+        return E.T @ op @ E
+
+    def own_space(self):
+        """``(fn, params, covariance)`` in the space the posterior lives in: the last layer's
+        parameters alone for ``"last_layer"`` (the rest closed over), else the whole model."""
+        if self.subset is None:
+            return self.fn, self.params, self.covariance
+        fn_L, params_L, _ = _submodel(self.fn, self.params, self.subset_leaves)
+        return fn_L, params_L, self.ggn.covariance(self.prior_precision, self.noise_scale, self.factor)
+
+    @property
+    def covariance(self) -> lo.LinearOperator:
+        """$\\Sigma$ as a lazy ``P x P`` operator (embedded from the subset for ``"last_layer"``)."""
+        return self._embed(self.ggn.covariance(self.prior_precision, self.noise_scale, self.factor))
+
+    @property
+    def precision(self) -> lo.LinearOperator | None:
+        """$G/s + \\operatorname{diag}\\alpha$; None for ``"last_layer"`` (the frozen parameters have none)."""
+        if self.subset is not None:
+            return None
+        return self.ggn.precision(self.prior_precision, self.noise_scale)
+
+    def sample(self, key: jax.Array, n: int) -> jax.Array:
+        """``n`` flat parameter samples, shape ``(n, P)``."""
+        deltas = self.ggn.sample(key, n, self.prior_precision, self.noise_scale, self.factor)
+        if self.subset is not None:
+            deltas = jnp.zeros((self.num_params, n), deltas.dtype).at[self.subset].set(deltas)
+        return self.mean[None, :] + deltas.T
+
+    def with_prior(self, prior_precision=None, sigma=None) -> LaplacePosterior:
+        """The same fit with another prior precision and/or Gaussian noise $\\sigma$ (refactorised)."""
+        alpha = self.prior_precision if prior_precision is None else _canonical_prior(
+            prior_precision, self.params, self.subset, self.structure, self.ggn, "with_prior")
+        scale, lik, loss = self.noise_scale, self.likelihood, self.loss
+        if sigma is not None:
+            scale, lik = _noise_scale(self, sigma, "with_prior")
+            loss = gaussian_loss(self.residual_ss, self.num_examples, lik.sigma)
+        return eqx.tree_at(lambda p: (p.prior_precision, p.noise_scale, p.likelihood, p.loss, p.factor), self,
+                           (alpha, scale, lik, loss, self.ggn.factorize(alpha, scale)), is_leaf=lambda x: x is None)
+
+
+def gaussian_loss(residual_ss, num_examples, sigma):
+    r"""$\sum_n -\log \mathcal N(y_n \mid f_n, \sigma^2 I)$ from the residual sums of squares per output."""
+    num_outputs = residual_ss.shape[0]
+    return 0.5 * jnp.sum(residual_ss) / sigma**2 + num_examples * num_outputs * (jnp.log(sigma) +
+                                                                              0.5 * jnp.log(2 * jnp.pi))
+
+
+def _noise_scale(post, sigma, who):
+    lik = post.likelihood
+    if not isinstance(lik, Gaussian) or lik.heteroscedastic or jnp.ndim(lik.sigma) != 0:
+        raise ValueError(f"{who}: sigma can be changed for a Gaussian likelihood with one scalar sigma only, "
+                         f"got {type(lik).__name__}" + (f" with sigma of shape {jnp.shape(lik.sigma)}"
+                                                       if isinstance(lik, Gaussian) else ""))
+    sigma = jnp.asarray(sigma, post.mean.dtype)
+    if jnp.ndim(sigma) != 0:
+        raise ValueError(f"{who}: sigma must be a scalar, got shape {jnp.shape(sigma)}")
+    # the GGN stored was computed with the noise of the fit, sigma_0 = lik.sigma / sqrt(noise_scale)
+    sigma0_sq = lik.sigma**2 / post.noise_scale
+    return sigma**2 / sigma0_sq, Gaussian(sigma)
+
+
+def _canonical_prior(prior, params, subset, structure, ggn, who):
+    """A scalar, or one precision per parameter (of the subset), as an array."""
+    flat, _ = ravel(params)
+    P = flat.shape[0]
+    if isinstance(prior, (int, float, np.number)) or (hasattr(prior, "ndim") and jnp.ndim(prior) == 0):
+        alpha = jnp.asarray(prior, flat.dtype)
+    elif isinstance(prior, (jax.Array, np.ndarray)) and jnp.ndim(prior) == 1:
+        alpha = jnp.asarray(prior, flat.dtype)
+        if alpha.shape[0] != P:
+            raise ValueError(f"{who}: a prior precision per parameter needs shape ({P},), got {alpha.shape}")
+        if subset is not None:
+            alpha = alpha[subset]
+    else:
+        try:
+            leaves = jax.tree_util.tree_leaves(params)
+            given = jax.tree_util.tree_leaves(prior)
+            if len(given) != len(leaves):
+                raise ValueError
+            alpha = jnp.concatenate([jnp.broadcast_to(jnp.asarray(g, flat.dtype), jnp.shape(leaf)).reshape(-1)
+                                     for g, leaf in zip(given, leaves, strict=True)])
+        except (ValueError, TypeError):
+            raise ValueError(f"{who}: prior_precision must be a positive scalar, an array of shape ({P},), or a "
+                             "pytree shaped like params (one scalar or array per leaf)") from None
+        if subset is not None:
+            alpha = alpha[subset]
+    if not isinstance(alpha, jax.core.Tracer) and not bool(jnp.all(alpha > 0)):
+        raise ValueError(f"{who}: prior_precision must be positive, got min {float(jnp.min(alpha))}")
+    if structure == "kfac" and alpha.ndim == 1 and not isinstance(alpha, jax.core.Tracer):
+        starts = np.concatenate([[0], np.cumsum(ggn.sizes)])
+        for a, b in zip(starts[:-1], starts[1:], strict=True):
+            if not bool(jnp.all(alpha[a:b] == alpha[a])):
+                raise ValueError(f"{who}: a KFAC posterior takes one prior precision per leaf (per layer), but "
+                                 f"parameters {a}..{b - 1} of one leaf have different ones")
+    return alpha
+
+
+def _path_string(path):
+    return ".".join(str(getattr(k, "name", getattr(k, "key", getattr(k, "idx", k)))) for k in path)
+
+
+def last_layer_leaves(params, last_layer=None) -> list[int]:
+    """Leaf indices of the last layer: all leaves under the parent of the last 2-D leaf (an
+    Equinox MLP's ``layers[-1]``), or under the path prefix ``last_layer`` (``"layers.2"``).
+
+    Example:
+        >>> import jax, equinox as eqx
+        >>> from posteriors.laplace_family import last_layer_leaves
+        >>> from linops.models import from_equinox
+        >>> _, params = from_equinox(eqx.nn.MLP(2, 3, 8, 2, key=jax.random.key(0)))
+        >>> last_layer_leaves(params), last_layer_leaves(params, "layers.1")
+        ([4, 5], [2, 3])
+    """
+    with_paths = jax.tree_util.tree_flatten_with_path(params)[0]
+    names = [_path_string(p) for p, _ in with_paths]
+    if last_layer is None:
+        matrices = [i for i, (_, leaf) in enumerate(with_paths) if jnp.ndim(leaf) == 2]
+        if not matrices:
+            raise ValueError("last_layer: params have no 2-D leaf (a weight matrix); name the layer: "
+                             f"last_layer='<path prefix>', paths: {names}")
+        prefix = with_paths[matrices[-1]][0][:-1]
+        chosen = [i for i, (p, _) in enumerate(with_paths) if p[: len(prefix)] == prefix]
+    else:
+        chosen = [i for i, name in enumerate(names) if name == last_layer or name.startswith(last_layer + ".")]
+        if not chosen:
+            raise ValueError(f"last_layer: no parameter path starts with {last_layer!r}; paths: {names}")
+    return chosen
+
+
+def _submodel(fn, params, chosen):
+    """``(fn_L, params_L, flat indices)`` of the chosen leaves, the others closed over."""
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    sizes = [int(np.size(leaf)) for leaf in leaves]
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    idx = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in chosen])
+
+    def fn_L(params_L, x):
+        full = list(leaves)
+        for i, leaf in zip(chosen, params_L, strict=True):
+            full[i] = leaf
+        return fn(jax.tree_util.tree_unflatten(treedef, full), x)
+
+    return fn_L, tuple(leaves[i] for i in chosen), jnp.asarray(idx)
+
+
+def _fit(structure, fn, params, X, Y, likelihood, batch_size, rank, num_steps, key, kfac_fallback, who):
+    flat, _ = ravel(params)
+    P = flat.shape[0]
+    itemsize = np.dtype(flat.dtype).itemsize
+    G = lo.GGNOp(fn, params, X, Y, likelihood, batch_size=batch_size)
+    if structure == "full":
+        check_fits(3 * P * P * itemsize, f"{who}(structure='full') with {P} parameters (the GGN, its Cholesky "
+                   "factor and the covariance)", "use structure='diag', 'kfac', 'lowrank' or 'last_layer'")
+        return S.Full(G.as_matrix())
+    if structure == "diag":
+        return S.Diag(lo.diag(G))
+    if structure == "lowrank":
+        if key is None:
+            raise ValueError(f"{who}(structure='lowrank'): Lanczos needs a start vector: pass key=jax.random.key(...)")
+        if rank is None:
+            raise ValueError(f"{who}(structure='lowrank'): pass rank=k, the number of GGN eigenpairs kept")
+        low = lo.LanczosLowRankOp(G, rank, key, num_steps=num_steps)
+        return S.LowRank(low.U, low.d)
+    # kfac
+    K = lo.kfac(fn, params, X, Y, likelihood, batch_size=batch_size)
+    leaves = jax.tree_util.tree_leaves(params)
+    if K.other_leaves and kfac_fallback != "diag":
+        names = [_path_string(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+        raise ValueError(f"{who}(structure='kfac'): parameters outside any dense layer have no Kronecker factors: "
+                         f"{[names[i] for i in K.other_leaves]}; pass kfac_fallback='diag' to give them the exact "
+                         "GGN diagonal")
+    diag = lo.diag(G) if K.other_leaves else None
+    kinds, blocks = [None] * len(leaves), [None] * len(leaves)
+    for (first, second), w, b, B in zip(K.factors, K.weight_leaves, K.bias_leaves, K.bias_blocks, strict=True):
+        w1, Q1 = jnp.linalg.eigh(first)
+        w2, Q2 = jnp.linalg.eigh(second)
+        kinds[w], blocks[w] = "kron", (Q1, jnp.clip(w1, 0.0), Q2, jnp.clip(w2, 0.0))
+        if b is not None:
+            wb, Qb = jnp.linalg.eigh(B)
+            kinds[b], blocks[b] = "dense", (Qb, jnp.clip(wb, 0.0))
+    starts = np.concatenate([[0], np.cumsum(K.leaf_sizes)])
+    for i in K.other_leaves:
+        kinds[i], blocks[i] = "diag", (diag[starts[i]:starts[i + 1]],)
+    return S.KFAC(tuple(kinds), tuple(blocks), K.leaf_sizes)
+
+
+def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: str = "full", prior_precision=1.0,
+            batch_size: int | None = None, rank: int | None = None, num_steps: int | None = None,
+            key: jax.Array | None = None, last_layer: str | None = None,
+            kfac_fallback: str | None = None) -> LaplacePosterior:
+    r"""The linearised Laplace posterior $\mathcal N(\theta^*, (G + \operatorname{diag}\alpha)^{-1})$.
+
+    Args:
+        fn: per-example model ``fn(params, x) -> (O,)``; ``params`` the trained $\theta^*$.
+        data: the training ``(inputs, targets)``.
+        likelihood: a `linops.likelihoods.Likelihood`.
+        structure: ``"full"`` (dense GGN, Cholesky; refused before any work when it cannot fit),
+            ``"diag"`` (exact GGN diagonal), ``"last_layer"`` (the full GGN of the last layer's
+            parameters, found automatically or named by ``last_layer``; the rest stays at
+            $\theta^*$), ``"lowrank"`` (the top ``rank`` GGN eigenpairs by Lanczos, Woodbury,
+            never ``P x P``; needs ``key``) or ``"kfac"`` (Kronecker factors per dense layer,
+            `linops.kfac`).
+        prior_precision: $\alpha$: a positive scalar, one per parameter (``(P,)`` or a
+            params-shaped pytree of arrays), or one per leaf (a params-shaped pytree of
+            scalars). ``"kfac"`` takes one per leaf at most.
+        batch_size: examples per batch of the GGN computations (the short last batch counts).
+        rank: ``"lowrank"``'s number of eigenpairs.
+        num_steps: ``"lowrank"``'s Lanczos steps (default ``min(P, 2 rank + 10)``).
+        key: ``"lowrank"``'s PRNG key of the Lanczos start vector.
+        last_layer: ``"last_layer"``'s path prefix (e.g. ``"layers.2"``; default: the leaves
+            under the parent of the last 2-D leaf).
+        kfac_fallback: ``"diag"`` gives parameters outside any dense layer the exact GGN diagonal
+            under ``"kfac"`` (default: refuse them).
+
+    Returns:
+        A `LaplacePosterior`.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> import posteriors as pst
+        >>> from linops.likelihoods import Gaussian
+        >>> fn = lambda w, x: (x @ w)[None]                      # Bayesian linear regression
+        >>> X = jnp.array([[1.0, 0.0], [0.0, 2.0]]); Y = jnp.zeros((2, 1))
+        >>> post = pst.laplace(fn, jnp.zeros(2), (X, Y), Gaussian(1.0), structure="diag", prior_precision=1.0)
+        >>> post.covariance.as_matrix()                          # (X^T X + I)^-1
+        Array([[0.5, 0. ],
+               [0. , 0.2]], dtype=float32)
+    """
+    who = "laplace"
+    if structure not in STRUCTURES:
+        raise ValueError(f"{who}: unknown structure {structure!r}; expected one of {STRUCTURES}")
+    if not isinstance(likelihood, Likelihood):
+        raise TypeError(f"{who}: likelihood must be a linops.likelihoods.Likelihood, got {type(likelihood).__name__}")
+    if not (isinstance(data, tuple) and len(data) == 2):
+        raise ValueError(f"{who}: data must be an (inputs, targets) pair")
+    if kfac_fallback not in (None, "diag"):
+        raise ValueError(f"{who}: kfac_fallback must be None or 'diag', got {kfac_fallback!r}")
+    flat, unravel = ravel(params)
+    if not isinstance(flat, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(flat))):
+        raise ValueError(f"{who}: params contain non-finite values")
+    X, Y = data
+    subset = chosen = None
+    fit_fn, fit_params = fn, params
+    if structure == "last_layer":
+        chosen = tuple(last_layer_leaves(params, last_layer))
+        fit_fn, fit_params, subset = _submodel(fn, params, chosen)
+    ggn = _fit("full" if structure == "last_layer" else structure, fit_fn, fit_params, X, Y, likelihood, batch_size,
+               rank, num_steps, key, kfac_fallback, who)
+    alpha = _canonical_prior(prior_precision, params, subset, structure, ggn, who)
+    out = jax.vmap(fn, in_axes=(None, 0))(params, X)
+    lik_axis = 0 if likelihood.per_example else None
+    loss = jnp.sum(jax.vmap(lambda lk, f, y: lk.nll(f, y), in_axes=(lik_axis, 0, 0))(likelihood, out, Y))
+    rss = jnp.sum((Y - out) ** 2, axis=0) if isinstance(likelihood, Gaussian) else None
+    scale = jnp.ones((), flat.dtype)
+    return LaplacePosterior(fn=fn, params=params, unravel=unravel, structure=structure, likelihood=likelihood,
+                            ggn=ggn, prior_precision=alpha, noise_scale=scale, subset=subset, subset_leaves=chosen,
+                            loss=loss,
+                            residual_ss=rss, num_examples=int(out.shape[0]), factor=ggn.factorize(alpha, scale))
+
+
+__all__ = ["LaplacePosterior", "STRUCTURES", "laplace", "last_layer_leaves"]

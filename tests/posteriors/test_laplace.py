@@ -1,0 +1,276 @@
+"""The Laplace family against Bayesian linear regression, where every quantity is exact.
+
+A linear model with a Gaussian likelihood makes the Laplace approximation exact: at the MAP,
+the covariance is $(\\Phi^\\top\\Phi/\\sigma^2 + \\alpha I)^{-1}$, the evidence is
+$\\log\\mathcal N(y \\mid 0, \\sigma^2 I + \\Phi\\Phi^\\top/\\alpha)$ and the predictive is the GP's.
+The diagonal structure is exact when $\\Phi^\\top\\Phi$ is diagonal, KFAC when the inputs are
+centred (no weight-bias coupling), the low-rank one at full rank.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+
+import posteriors as pst
+from linops.likelihoods import Categorical, Gaussian
+from linops.models import ravel
+
+from ..linops._util import assert_close
+
+SIGMA, ALPHA = 0.3, 2.0
+
+
+def _dense(p, x):
+    return p["W"] @ x + p["b"]
+
+
+def _design(n=40, d=3, orthogonal=False, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d))
+    X -= X.mean(axis=0)  # centred: the bias decouples from the weights
+    if orthogonal:
+        X = np.linalg.qr(X)[0] * np.array([3.0, 2.0, 1.5])[:d]  # orthogonal, still centred
+    return X
+
+
+def _blr(X, y, alpha=ALPHA, sigma=SIGMA):
+    """The exact posterior of the linear model with a bias: (MAP params, covariance, evidence)."""
+    Phi = np.hstack([X, np.ones((X.shape[0], 1))])
+    Lam = Phi.T @ Phi / sigma**2 + alpha * np.eye(Phi.shape[1])
+    cov = np.linalg.inv(Lam)
+    theta = cov @ Phi.T @ y / sigma**2
+    K = sigma**2 * np.eye(X.shape[0]) + Phi @ Phi.T / alpha
+    evidence = -0.5 * (y @ np.linalg.solve(K, y) + np.linalg.slogdet(K)[1] + X.shape[0] * np.log(2 * np.pi))
+    params = {"W": jnp.asarray(theta[:-1][None, :]), "b": jnp.asarray(theta[-1:])}
+    return params, cov, evidence, Phi
+
+
+def _data(orthogonal=False, seed=0):
+    X = _design(orthogonal=orthogonal, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    y = X @ np.array([1.0, -0.5, 2.0]) + 0.7 + SIGMA * rng.standard_normal(X.shape[0])
+    return X, y
+
+
+@pytest.mark.parametrize("structure", ["full", "diag", "kfac", "lowrank"])
+def test_bayesian_linear_regression_is_exact(structure):
+    X, y = _data(orthogonal=structure == "diag")
+    params, cov, evidence, Phi = _blr(X, y)
+    kw = dict(rank=4, num_steps=4, key=jax.random.key(0)) if structure == "lowrank" else {}
+    post = pst.laplace(_dense, params, (jnp.asarray(X), jnp.asarray(y)[:, None]), Gaussian(SIGMA),
+                       structure=structure, prior_precision=ALPHA, **kw)
+    assert_close(post.covariance.as_matrix(), cov, rtol=1e-9, atol=1e-12)
+    if structure != "lowrank":  # a LowRank precision has no dense form here; its logdet is the check
+        assert_close(np.linalg.inv(np.asarray(post.precision.as_matrix())), cov, rtol=1e-9, atol=1e-12)
+    assert_close(pst.marginal_log_likelihood(post), evidence, rtol=1e-10)
+    T = np.random.default_rng(5).standard_normal((6, 3))
+    mean, var = pst.predictive.linearized(post, jnp.asarray(T))
+    PhiT = np.hstack([T, np.ones((6, 1))])
+    assert_close(mean[:, 0], PhiT @ np.concatenate([params["W"][0], params["b"]]), rtol=1e-10)
+    assert_close(var[:, 0], np.einsum("ij,jk,ik->i", PhiT, cov, PhiT), rtol=1e-9)
+    _, full = pst.predictive.linearized(post, jnp.asarray(T), full_covariance=True)
+    assert_close(full, PhiT @ cov @ PhiT.T, rtol=1e-9, atol=1e-12)
+    _, noisy = pst.predictive.regression(post, jnp.asarray(T))
+    assert_close(noisy, var + SIGMA**2, rtol=1e-12)
+
+
+def test_last_layer_is_bayesian_linear_regression_on_the_features():
+    X, y = _data()
+    rng = np.random.default_rng(2)
+    W1 = jnp.asarray(rng.standard_normal((4, 3)))
+    features = np.tanh(X @ np.asarray(W1).T)
+    last, cov, evidence, _ = _blr(features, y)
+    params = {"first": {"W": W1}, "last": last}
+
+    def fn(p, x):
+        return _dense(p["last"], jnp.tanh(p["first"]["W"] @ x))
+
+    post = pst.laplace(fn, params, (jnp.asarray(X), jnp.asarray(y)[:, None]), Gaussian(SIGMA),
+                       structure="last_layer", prior_precision=ALPHA)
+    assert post.subset_leaves == (1, 2) and post.precision is None
+    full = np.zeros((17, 17))
+    full[12:, 12:] = cov  # leaves in order: first.W (12), last.W (4), last.b (1)
+    assert_close(post.covariance.as_matrix(), full, rtol=1e-9, atol=1e-12)
+    assert_close(pst.marginal_log_likelihood(post), evidence, rtol=1e-10)
+    s = post.sample(jax.random.key(0), 3)
+    assert bool(jnp.all(s[:, :12] == ravel(params)[0][None, :12]))  # the first layer stays at the MAP
+    T = jnp.asarray(rng.standard_normal((5, 3)))
+    phi = np.hstack([np.tanh(np.asarray(T) @ np.asarray(W1).T), np.ones((5, 1))])
+    assert_close(pst.predictive.linearized(post, T)[1][:, 0], np.einsum("ij,jk,ik->i", phi, cov, phi), rtol=1e-9)
+
+
+def test_low_rank_keeps_the_top_eigenpairs_and_never_forms_p_by_p():
+    X, y = _data()
+    params, _, _, Phi = _blr(X, y)
+    data = (jnp.asarray(X), jnp.asarray(y)[:, None])
+    post = pst.laplace(_dense, params, data, Gaussian(SIGMA), structure="lowrank", rank=2, num_steps=4,
+                       key=jax.random.key(1), prior_precision=ALPHA)
+    G = Phi.T @ Phi / SIGMA**2
+    w, V = np.linalg.eigh(G)
+    approx = V[:, -2:] @ np.diag(w[-2:]) @ V[:, -2:].T  # the rank-2 truncation of the GGN
+    assert_close(post.covariance.as_matrix(), np.linalg.inv(approx + ALPHA * np.eye(4)), rtol=1e-8)
+    # the evidence's log-determinant: sum over kept eigenpairs plus (P - k) log(alpha), against dense
+    expected_logdet = np.linalg.slogdet(approx + ALPHA * np.eye(4))[1]
+    assert_close(post.ggn.logdet(post.prior_precision, 1.0), expected_logdet, rtol=1e-10)
+    # a per-parameter prior goes through Woodbury and the precision-square-root sampler
+    alpha = jnp.array([1.0, 2.0, 3.0, 4.0])
+    vec = post.with_prior(alpha)
+    assert_close(vec.covariance.as_matrix(), np.linalg.inv(approx + np.diag(alpha)), rtol=1e-8)
+    assert_close(pst.marginal_log_likelihood(vec), pst.marginal_log_likelihood(post, alpha), rtol=1e-12)
+
+
+@pytest.mark.parametrize("structure,prior", [("full", 1.5), ("kfac", 1.5), ("lowrank", 1.5),
+                                             ("lowrank", "vector"), ("diag", "vector")])
+def test_sample_moments_match_the_analytic_covariance(structure, prior):
+    """Catches a transposed square-root factor (which laplace-torch once shipped)."""
+    X, y = _data()
+    params, _, _, _ = _blr(X, y)
+    alpha = jnp.linspace(0.5, 3.0, 4) if prior == "vector" else prior
+    kw = dict(rank=3, num_steps=4, key=jax.random.key(2)) if structure == "lowrank" else {}
+    post = pst.laplace(_dense, params, (jnp.asarray(X), jnp.asarray(y)[:, None]), Gaussian(1.0),
+                       structure=structure, prior_precision=alpha, **kw)
+    n = 40000
+    theta = np.asarray(post.sample(jax.random.key(3), n))
+    Sigma = np.asarray(post.covariance.as_matrix())
+    emp = np.cov(theta.T)
+    se = np.sqrt((np.outer(np.diag(Sigma), np.diag(Sigma)) + Sigma**2) / n)
+    assert np.all(np.abs(emp - Sigma) < 5 * se), np.max(np.abs(emp - Sigma) / se)
+    assert_close(theta.mean(axis=0), ravel(params)[0], atol=5 * np.sqrt(np.max(np.diag(Sigma)) / n))
+
+
+def test_prior_and_noise_tuning_find_the_exact_evidence_maximiser():
+    X, y = _data(seed=3)
+    Phi = np.hstack([X, np.ones((X.shape[0], 1))])
+
+    def exact(log_a, log_s):
+        a, s = np.exp(log_a), np.exp(log_s)
+        K = s**2 * np.eye(X.shape[0]) + Phi @ Phi.T / a
+        return 0.5 * (y @ np.linalg.solve(K, y) + np.linalg.slogdet(K)[1])
+
+    best = minimize(lambda v: exact(*v), x0=[0.0, np.log(0.5)], method="Nelder-Mead",
+                    options={"xatol": 1e-10, "fatol": 1e-12, "maxiter": 4000}).x
+    a_star, s_star = np.exp(best)
+    params, _, _, _ = _blr(X, y, a_star, s_star)  # the MAP at the optimum: the evidence is stationary there
+    data = (jnp.asarray(X), jnp.asarray(y)[:, None])
+    # start away from the optimum (the MAP stays the optimum's; at the MAP the Laplace and exact
+    # evidences have the same derivatives, so the fixed point is the exact maximiser)
+    post = pst.laplace(_dense, params, data, Gaussian(0.5), structure="full", prior_precision=1.0)
+    tuned, report = pst.optimize_prior_precision(post, tune_sigma=True, num_steps=1500, learning_rate=0.05)
+    assert_close(report["prior_precision"], a_star, rtol=2e-3)
+    assert_close(report["sigma"], s_star, rtol=2e-3)
+    assert_close(tuned.likelihood.sigma, s_star, rtol=2e-3)
+    assert report["log_marginal_likelihood"][-1] >= report["log_marginal_likelihood"][0]
+    # the structured evidence with the tuned values equals the refactorised posterior's
+    assert_close(pst.marginal_log_likelihood(tuned), pst.marginal_log_likelihood(post, report["prior_precision"],
+                                                                                 report["sigma"]), rtol=1e-10)
+
+
+def _logistic(n, seed):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, 2))
+    p1 = 1 / (1 + np.exp(-(1.5 * X[:, 0] - X[:, 1])))
+    return jnp.asarray(X), jnp.asarray((rng.random(n) < p1).astype(np.int32))
+
+
+def test_grid_search_on_validation_nll_and_its_edge_warning():
+    X, y = _logistic(80, 1)
+    val = _logistic(200, 2)
+    # twice the true logits: overconfident, so some posterior variance helps and the optimum is inside
+    params = {"W": 2.0 * jnp.array([[-0.75, 0.5], [0.75, -0.5]]), "b": jnp.zeros(2)}
+    post = pst.laplace(_dense, params, (X, y), Categorical(), structure="full")
+    grid = jnp.logspace(-3, 3, 13)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an interior optimum: no edge warning
+        tuned, report = pst.optimize_prior_precision(post, method="gridsearch", validation=val, grid=grid)
+    by_hand = [float(pst.predictive.nll(post.with_prior(a), *val)) for a in grid]
+    assert int(np.argmin(by_hand)) == int(np.argmin(np.asarray(report["nll"]))) not in (0, 12)
+    assert_close(report["nll"], by_hand, rtol=1e-10)
+    assert_close(tuned.prior_precision, grid[int(np.argmin(by_hand))])
+    with pytest.warns(UserWarning, match="upper edge of the grid"):
+        pst.optimize_prior_precision(post, method="gridsearch", validation=val, grid=jnp.array([1e-3, 1e-2]))
+
+
+def test_probit_agrees_with_monte_carlo_at_small_variance_and_the_bridge_is_a_distribution():
+    rng = np.random.default_rng(6)
+    X = jnp.asarray(rng.standard_normal((60, 2)))
+    y = jnp.asarray((X[:, 0] + X[:, 1] > 0).astype(np.int32))
+    params = {"W": jnp.asarray(rng.standard_normal((3, 2))), "b": jnp.zeros(3)}
+    post = pst.laplace(_dense, params, (X, y), Categorical(), structure="full", prior_precision=50.0)
+    T = jnp.asarray(rng.standard_normal((8, 2)))
+    probit = pst.predictive.classification(post, T, link="probit")
+    mc = pst.predictive.classification(post, T, link="mc", key=jax.random.key(0), num_samples=20000)
+    assert float(jnp.max(jnp.abs(probit - mc))) < 1e-2
+    bridge = pst.predictive.classification(post, T, link="bridge")
+    assert_close(jnp.sum(bridge, axis=1), np.ones(8), rtol=1e-12)
+    assert bool(jnp.all(jnp.argmax(bridge, axis=1) == jnp.argmax(probit, axis=1)))
+
+
+@pytest.mark.parametrize("structure", ["full", "diag", "last_layer", "lowrank", "kfac"])
+def test_save_and_load_reproduce_samples_bit_for_bit(structure, tmp_path):
+    model = eqx.nn.MLP(2, 2, 6, 2, activation=jnp.tanh, key=jax.random.key(0), dtype=jnp.float64)
+    from linops.models import from_equinox
+
+    fn, params = from_equinox(model)
+    X = jax.random.normal(jax.random.key(1), (25, 2), jnp.float64)
+    y = jnp.arange(25) % 2
+    kw = dict(rank=5, key=jax.random.key(2)) if structure == "lowrank" else {}
+    args = (fn, params, (X, y), Categorical())
+    post = pst.laplace(*args, structure=structure, prior_precision=0.5, **kw)
+    pst.save(post, tmp_path / "post.eqx")
+    like = eqx.filter_eval_shape(pst.laplace, *args, structure=structure, prior_precision=0.5, **kw)
+    back = pst.load(tmp_path / "post.eqx", like)
+    key = jax.random.key(7)
+    assert bool(jnp.all(back.sample(key, 5) == post.sample(key, 5)))
+    assert float(pst.marginal_log_likelihood(back)) == float(pst.marginal_log_likelihood(post))
+    other = "diag" if structure != "diag" else "full"
+    with pytest.raises(ValueError, match="differ from the template"):
+        pst.load(tmp_path / "post.eqx", eqx.filter_eval_shape(pst.laplace, *args, structure=other))
+
+
+def test_per_layer_and_per_parameter_priors():
+    X, y = _data()
+    params, _, _, Phi = _blr(X, y)
+    data = (jnp.asarray(X), jnp.asarray(y)[:, None])
+    per_leaf = {"W": 3.0, "b": 0.5}
+    post = pst.laplace(_dense, params, data, Gaussian(SIGMA), structure="kfac", prior_precision=per_leaf)
+    Lam = Phi.T @ Phi / SIGMA**2 + np.diag([3.0, 3.0, 3.0, 0.5])
+    assert_close(post.covariance.as_matrix(), np.linalg.inv(Lam), rtol=1e-9)
+    per_param = {"W": jnp.array([[1.0, 2.0, 3.0]]), "b": jnp.array([4.0])}
+    full = pst.laplace(_dense, params, data, Gaussian(SIGMA), structure="full", prior_precision=per_param)
+    assert_close(full.covariance.as_matrix(), np.linalg.inv(Phi.T @ Phi / SIGMA**2 + np.diag([1.0, 2, 3, 4])),
+                 rtol=1e-9)
+    with pytest.raises(ValueError, match="one prior precision per leaf"):
+        pst.laplace(_dense, params, data, Gaussian(SIGMA), structure="kfac", prior_precision=per_param)
+
+
+def test_bad_input_is_refused_with_a_clear_error():
+    X, y = _data()
+    params, _, _, _ = _blr(X, y)
+    data = (jnp.asarray(X), jnp.asarray(y)[:, None])
+    with pytest.raises(ValueError, match="unknown structure 'kron'"):
+        pst.laplace(_dense, params, data, Gaussian(SIGMA), structure="kron")
+    with pytest.raises(ValueError, match="Lanczos needs a start vector"):
+        pst.laplace(_dense, params, data, Gaussian(SIGMA), structure="lowrank", rank=2)
+    with pytest.raises(ValueError, match="prior_precision must be positive"):
+        pst.laplace(_dense, params, data, Gaussian(SIGMA), prior_precision=-1.0)
+    with pytest.raises(ValueError, match=r"needs shape \(4,\)"):
+        pst.laplace(_dense, params, data, Gaussian(SIGMA), prior_precision=jnp.ones(3))
+    with pytest.raises(ValueError, match="no parameter path starts with 'head'"):
+        pst.laplace(_dense, params, data, Gaussian(SIGMA), structure="last_layer", last_layer="head")
+    from linops.memory import MemoryBudgetError
+
+    wide = {"W": jnp.zeros((1, 3)), "b": jnp.zeros(1), "extra": jnp.zeros(200_000)}
+    with pytest.raises(MemoryBudgetError, match="structure='full'"):
+        pst.laplace(lambda p, x: _dense(p, x) + 0 * p["extra"][:1], wide, data, Gaussian(SIGMA))
+    with pytest.raises(ValueError, match="outside any dense layer.*kfac_fallback='diag'"):
+        pst.laplace(lambda p, x: _dense(p, x) * p["s"], {**params, "s": jnp.ones(1)}, data, Gaussian(SIGMA),
+                    structure="kfac")
+    two = {"W": jnp.zeros((2, 3)), "b": jnp.zeros(2)}
+    post = pst.laplace(_dense, two, (jnp.asarray(X), jnp.asarray(y > 0, jnp.int32)), Categorical(), structure="diag")
+    with pytest.raises(ValueError, match="sigma can be changed for a Gaussian likelihood"):
+        pst.marginal_log_likelihood(post, sigma=0.5)

@@ -1,0 +1,96 @@
+"""Parity with laplace-torch on the same MLP weights (skipped when PyTorch or laplace-torch is absent).
+
+Install for a local run: ``pip install torch==2.13.0 && pip install laplace-torch curvlinops-for-pytorch &&
+pip uninstall -y torchvision``. Both libraries compute the same GGN, predictive and evidence, so
+everything is compared at float64 rounding level.
+"""
+
+import warnings
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import posteriors as pst
+from linops.likelihoods import Categorical, Gaussian
+from linops.models import from_equinox
+
+torch = pytest.importorskip("torch")
+laplace = pytest.importorskip("laplace")
+
+from ..linops._util import assert_close  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _float64_torch():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # laplace-torch's own deprecation notices
+        yield
+    torch.set_default_dtype(previous)
+
+
+def _twins(d, h, k, seed=0):
+    model = eqx.nn.MLP(d, k, h, 1, activation=jnp.tanh, key=jax.random.key(seed), dtype=jnp.float64)
+    net = torch.nn.Sequential(torch.nn.Linear(d, h), torch.nn.Tanh(), torch.nn.Linear(h, k))
+    with torch.no_grad():
+        for lin, layer in zip([net[0], net[2]], model.layers, strict=True):
+            lin.weight.copy_(torch.tensor(np.asarray(layer.weight)))
+            lin.bias.copy_(torch.tensor(np.asarray(layer.bias)))
+    fn, params = from_equinox(model)
+    return fn, params, net
+
+
+def _loader(X, Y):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    return DataLoader(TensorDataset(torch.tensor(X), torch.tensor(Y)), batch_size=16)  # 45 = 16 + 16 + 13
+
+
+@pytest.mark.parametrize("structure", ["full", "diag", "last_layer"])
+def test_regression_ggn_predictive_and_evidence_match(structure):
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((45, 2))
+    Y = np.sin(X[:, :1]) + 0.1 * rng.standard_normal((45, 1))
+    fn, params, net = _twins(2, 8, 1)
+    sigma, alpha = 0.2, 1.5
+    la = laplace.Laplace(net, "regression", subset_of_weights="last_layer" if structure == "last_layer" else "all",
+                         hessian_structure="diag" if structure == "diag" else "full", sigma_noise=sigma,
+                         prior_precision=alpha)
+    la.fit(_loader(X, Y))
+    post = pst.laplace(fn, params, (jnp.asarray(X), jnp.asarray(Y)), Gaussian(sigma), structure=structure,
+                       prior_precision=alpha)
+    ours = post.ggn.g if structure == "diag" else post.ggn.G
+    assert_close(la.H.detach().numpy() / sigma**2, ours, rtol=1e-10, atol=1e-12)  # laplace-torch keeps H sigma^2
+    T = rng.standard_normal((7, 2))
+    f_mu, f_var = la(torch.tensor(T), pred_type="glm")
+    mean, var = pst.predictive.linearized(post, jnp.asarray(T))
+    assert_close(mean, f_mu.detach().numpy(), rtol=1e-12)
+    assert_close(var, f_var.detach().numpy().reshape(7, 1), rtol=1e-10, atol=1e-14)
+    assert_close(pst.marginal_log_likelihood(post), la.log_marginal_likelihood().item(), rtol=1e-10)
+    # and after changing the prior precision and the noise
+    assert_close(pst.marginal_log_likelihood(post, 0.3, 0.5),
+                 la.log_marginal_likelihood(torch.tensor(0.3), torch.tensor(0.5)).item(), rtol=1e-10)
+
+
+@pytest.mark.parametrize("structure", ["full", "diag"])
+def test_classification_ggn_predictives_and_evidence_match(structure):
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((45, 2))
+    y = rng.integers(0, 3, 45)
+    fn, params, net = _twins(2, 8, 3, seed=1)
+    alpha = 0.7
+    la = laplace.Laplace(net, "classification", subset_of_weights="all", hessian_structure=structure,
+                         prior_precision=alpha)
+    la.fit(_loader(X, y))
+    post = pst.laplace(fn, params, (jnp.asarray(X), jnp.asarray(y)), Categorical(), structure=structure,
+                       prior_precision=alpha)
+    assert_close(la.H.detach().numpy(), post.ggn.g if structure == "diag" else post.ggn.G, rtol=1e-10, atol=1e-12)
+    T = torch.tensor(rng.standard_normal((7, 2)))
+    for link in ("probit", "bridge"):
+        theirs = la(T, pred_type="glm", link_approx=link).detach().numpy()
+        assert_close(pst.predictive.classification(post, jnp.asarray(T.numpy()), link=link), theirs, rtol=1e-10)
+    assert_close(pst.marginal_log_likelihood(post), la.log_marginal_likelihood().item(), rtol=1e-10)
