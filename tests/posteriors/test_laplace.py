@@ -274,3 +274,27 @@ def test_bad_input_is_refused_with_a_clear_error():
     post = pst.laplace(_dense, two, (jnp.asarray(X), jnp.asarray(y > 0, jnp.int32)), Categorical(), structure="diag")
     with pytest.raises(ValueError, match="sigma can be changed for a Gaussian likelihood"):
         pst.marginal_log_likelihood(post, sigma=0.5)
+
+
+def test_done_when_every_structure_predicts_and_tunes_on_an_equinox_model():
+    from linops.models import from_equinox
+
+    model = eqx.nn.MLP(1, 1, 12, 2, activation=jnp.tanh, key=jax.random.key(0))
+    fn, params = from_equinox(model)
+    X = jnp.linspace(-2, 2, 30)[:, None]
+    Y = jnp.sin(2 * X) + 0.05 * jax.random.normal(jax.random.key(1), (30, 1))
+    T = jnp.linspace(-3, 3, 7)[:, None]
+    for structure in pst.STRUCTURES:
+        kw = dict(rank=10, key=jax.random.key(2)) if structure == "lowrank" else {}
+        post = pst.laplace(fn, params, (X, Y), Gaussian(0.1), structure=structure, prior_precision=1.0,
+                           batch_size=8, **kw)
+        mean, var = pst.predictive.regression(post, T)
+        assert mean.shape == var.shape == (7, 1) and bool(jnp.all(var > 0.1**2))
+        # the linearised predictive's variance is the sample variance of the linearised model
+        f = pst.predictive.monte_carlo(post, jax.random.key(3), T, 4000)
+        _, fvar = pst.predictive.linearized(post, T)
+        assert_close(jnp.var(f, axis=0), fvar, rtol=0.15, atol=1e-6)
+        tuned, report = pst.optimize_prior_precision(post, num_steps=100, tune_sigma=True)
+        trace = report["log_marginal_likelihood"]
+        assert float(trace[-1]) > float(trace[0]), structure
+        assert_close(pst.marginal_log_likelihood(tuned), trace[-1], rtol=1e-4)
