@@ -91,4 +91,56 @@ def per_example(batched_fn: Callable) -> Callable:
     return fn
 
 
-__all__ = ["from_equinox", "from_flax_nnx", "per_example", "ravel"]
+def check_indices(indices, num_params: int, who: str):
+    """``indices`` as a sorted int array, or a `ValueError` naming ``who`` (range, repeats, shape)."""
+    import numpy as np
+
+    idx = np.asarray(indices)
+    if idx.ndim != 1 or idx.size == 0 or not np.issubdtype(idx.dtype, np.integer):
+        raise ValueError(f"{who}: indices must be a non-empty 1-D integer array, got {idx.dtype}{idx.shape}")
+    if idx.min() < 0 or idx.max() >= num_params:
+        raise ValueError(f"{who}: indices must lie in [0, {num_params}) for {num_params} parameters, got range "
+                         f"[{idx.min()}, {idx.max()}]")
+    if np.unique(idx).size != idx.size:
+        raise ValueError(f"{who}: indices contain {idx.size - np.unique(idx).size} duplicates; a subset lists each "
+                         "parameter once")
+    return np.sort(idx)
+
+
+def restrict(fn: Callable, params, indices) -> tuple[Callable, jax.Array]:
+    r"""The model as a function of a subset of its flat parameters: ``(fn_S, theta_S)``.
+
+    ``fn_S(v, x)`` is ``fn`` with the flat parameters at ``indices`` (sorted) replaced by ``v``
+    and every other parameter held at its value in ``params``. Only the leaves that contain a
+    selected index depend on ``v`` (each by one scatter); the others are closed over, so
+    forward- and reverse-mode derivatives of ``fn_S`` never propagate through them: the
+    Jacobian $J E_s$ of a parameter subset is computed directly, never sliced from the full one.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from linops.models import restrict
+        >>> fn = lambda p, x: p["a"] * x + p["b"]
+        >>> fn_S, v = restrict(fn, {"a": jnp.array([2.0, 3.0]), "b": jnp.zeros(2)}, [1])
+        >>> v, fn_S(jnp.array([10.0]), jnp.ones(2))       # only a[1] is free
+        (Array([3.], dtype=float32), Array([ 2., 10.], dtype=float32))
+    """
+    import numpy as np
+
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    sizes = [int(np.size(leaf)) for leaf in leaves]
+    idx = check_indices(indices, sum(sizes), "restrict")
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    leaf_of = np.searchsorted(starts, idx, side="right") - 1
+    touched = {int(i): (idx[leaf_of == i] - starts[i], np.nonzero(leaf_of == i)[0]) for i in np.unique(leaf_of)}
+    flat, _ = ravel(params)
+
+    def fn_S(v, x):
+        full = list(leaves)
+        for i, (local, pos) in touched.items():
+            full[i] = leaves[i].reshape(-1).at[local].set(v[pos].astype(leaves[i].dtype)).reshape(leaves[i].shape)
+        return fn(jax.tree_util.tree_unflatten(treedef, full), x)
+
+    return fn_S, flat[idx]
+
+
+__all__ = ["check_indices", "from_equinox", "from_flax_nnx", "per_example", "ravel", "restrict"]

@@ -12,7 +12,7 @@ Example:
     (2, 2)
 """
 
-from posteriors import context, predictive
+from posteriors import context, predictive, subnetwork
 from posteriors.fsp import FSPInfo, FSPLaplacePosterior, GPPrior, fsp_laplace, fsp_objective, rkhs_norm
 from posteriors.gaussian import GaussianPosterior, LowRankPosterior
 from posteriors.io import load, save
@@ -24,12 +24,13 @@ from posteriors.projected import (
     optimal_prior_precision,
     projected_posterior,
 )
+from posteriors.subnetwork import Subnetwork, subnetwork_laplace
 
 __version__ = "0.1.0"
 
 __all__ = [
     "context", "predictive", "load", "save", "STRUCTURES", "LaplacePosterior", "laplace", "last_layer_leaves",
-    "marginal_log_likelihood", "optimize_prior_precision",
+    "marginal_log_likelihood", "optimize_prior_precision", "subnetwork", "Subnetwork", "subnetwork_laplace",
     "FSPInfo", "FSPLaplacePosterior", "fsp_laplace", "fsp_objective", "GaussianPosterior", "GPPrior",
     "LowRankPosterior", "loss_projected_posterior", "optimal_prior_precision", "ProjectedPosterior",
     "projected_posterior", "rkhs_norm",

@@ -20,7 +20,7 @@ import numpy as np
 import linops as lo
 from linops.likelihoods import Gaussian, Likelihood
 from linops.memory import check_fits
-from linops.models import ravel
+from linops.models import ravel, restrict
 from posteriors import _structures as S
 from posteriors.gaussian import GaussianPosterior
 
@@ -31,12 +31,13 @@ class LaplacePosterior(GaussianPosterior):
     r"""$\mathcal N(\theta^*, (G/s + \operatorname{diag}\alpha)^{-1})$ in one of the Laplace structures.
 
     Attributes:
-        structure: ``"full"``, ``"diag"``, ``"last_layer"``, ``"lowrank"`` or ``"kfac"``.
+        structure: ``"full"``, ``"diag"``, ``"last_layer"``, ``"lowrank"``, ``"kfac"`` or
+            ``"subnetwork"`` (`posteriors.subnetwork_laplace`).
         likelihood: the likelihood the GGN was computed with.
         prior_precision: $\alpha$, a scalar or one per parameter (of the subset, for ``"last_layer"``).
         noise_scale: $s = \sigma^2/\sigma_0^2$ when the Gaussian noise was re-tuned after the fit (else 1).
-        subset: for ``"last_layer"``, the flat indices of the parameters with a posterior (the
-            others stay at $\theta^*$); None otherwise.
+        subset: for ``"last_layer"`` and ``"subnetwork"``, the flat indices of the parameters with
+            a posterior (the others stay at $\theta^*$); None otherwise.
         subset_leaves: for ``"last_layer"``, the indices of those parameters' leaves.
         loss: $\sum_n \ell(f(\theta^*, x_n), y_n)$ under ``likelihood`` (the evidence's data term).
         residual_ss: for a Gaussian likelihood, $\sum_n (y_n - f(\theta^*, x_n))^2$ per output
@@ -76,8 +77,11 @@ class LaplacePosterior(GaussianPosterior):
         parameters alone for ``"last_layer"`` (the rest closed over), else the whole model."""
         if self.subset is None:
             return self.fn, self.params, self.covariance
-        fn_L, params_L, _ = _submodel(self.fn, self.params, self.subset_leaves)
-        return fn_L, params_L, self.ggn.covariance(self.prior_precision, self.noise_scale, self.factor)
+        if self.subset_leaves is not None:
+            fn_S, params_S, _ = _submodel(self.fn, self.params, self.subset_leaves)
+        else:
+            fn_S, params_S = restrict(self.fn, self.params, np.asarray(self.subset))
+        return fn_S, params_S, self.ggn.covariance(self.prior_precision, self.noise_scale, self.factor)
 
     @property
     def covariance(self) -> lo.LinearOperator:
@@ -319,15 +323,21 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
     ggn = _fit("full" if structure == "last_layer" else structure, fit_fn, fit_params, X, Y, likelihood, batch_size,
                rank, num_steps, key, kfac_fallback, who)
     alpha = _canonical_prior(prior_precision, params, subset, structure, ggn, who)
+    return make_posterior(fn, params, X, Y, likelihood, structure, ggn, alpha, subset, chosen)
+
+
+def make_posterior(fn, params, X, Y, likelihood, structure, ggn, alpha, subset, subset_leaves) -> LaplacePosterior:
+    """A `LaplacePosterior` from a fitted GGN: the data terms of the evidence, and the factorisation."""
+    flat, unravel = ravel(params)
     out = jax.vmap(fn, in_axes=(None, 0))(params, X)
     lik_axis = 0 if likelihood.per_example else None
     loss = jnp.sum(jax.vmap(lambda lk, f, y: lk.nll(f, y), in_axes=(lik_axis, 0, 0))(likelihood, out, Y))
     rss = jnp.sum((Y - out) ** 2, axis=0) if isinstance(likelihood, Gaussian) else None
     scale = jnp.ones((), flat.dtype)
     return LaplacePosterior(fn=fn, params=params, unravel=unravel, structure=structure, likelihood=likelihood,
-                            ggn=ggn, prior_precision=alpha, noise_scale=scale, subset=subset, subset_leaves=chosen,
-                            loss=loss,
-                            residual_ss=rss, num_examples=int(out.shape[0]), factor=ggn.factorize(alpha, scale))
+                            ggn=ggn, prior_precision=alpha, noise_scale=scale, subset=subset,
+                            subset_leaves=subset_leaves, loss=loss, residual_ss=rss, num_examples=int(out.shape[0]),
+                            factor=ggn.factorize(alpha, scale))
 
 
 __all__ = ["LaplacePosterior", "STRUCTURES", "laplace", "last_layer_leaves"]

@@ -70,6 +70,8 @@ def _leaf_starts(post):
     sizes = [int(np.size(leaf)) for leaf in leaves]
     if post.subset_leaves is not None:
         sizes = [sizes[i] for i in post.subset_leaves]
+    elif post.subset is not None:  # a subnetwork: one group
+        sizes = [int(post.subset.shape[0])]
     return sizes
 
 

@@ -23,6 +23,7 @@ _MODULES = [
     "linops.kernels._combine", "linops.kernels._multioutput", "linops.kernels._gram", "linops.kernels._gp",
     "posteriors", "posteriors.projected", "posteriors.context", "posteriors.gaussian", "posteriors.fsp",
     "posteriors.laplace_family", "posteriors.predictive", "posteriors.marglik", "posteriors.io", "linops._kfac",
+    "posteriors.subnetwork",
 ]
 
 
@@ -35,7 +36,7 @@ def test_every_public_name_has_a_runnable_example():
     objects = _public(lo) + _public(linops.testing) + _public(linops.testing.strategies)
     objects += _public(linops.likelihoods) + _public(linops.models) + _public(linops.memory)
     objects += _public(linops.kernels)
-    objects += _public(posteriors) + _public(posteriors.predictive)
+    objects += _public(posteriors) + _public(posteriors.predictive) + _public(posteriors.subnetwork)
     for name, obj in objects:
         if not (inspect.isclass(obj) or inspect.isfunction(obj)):
             continue
@@ -50,7 +51,7 @@ def test_every_public_name_has_a_runnable_example():
 _EXAMPLE_IN_MODULE_DOC = {
     "Sum", "Product", "Scaled", "Transpose", "Inverse", "Lowered", "Solution", "Estimate",
     "NoReduction", "Case", "Likelihood", "Projection", "ProjectedPosterior", "Lanczos", "GPFit",
-    "GaussianPosterior", "FSPInfo", "FSPLaplacePosterior", "LaplacePosterior", "KFAC",
+    "GaussianPosterior", "FSPInfo", "FSPLaplacePosterior", "LaplacePosterior", "KFAC", "Subnetwork",
 }
 
 

@@ -1,0 +1,344 @@
+r"""Subnetwork inference (Daxberger et al., ICML 2021): a full-covariance Laplace over $S \ll P$ chosen weights.
+
+Selection strategies each return a `Subnetwork`: sorted flat indices into the parameters,
+the scores they were chosen by, and the memory the posterior over them will take. The
+paper's rule (section 5) keeps the weights of LARGEST marginal posterior variance: under an
+independence assumption it minimises the 2-Wasserstein distance to the full posterior. The
+variances come from a diagonal Laplace (`diagonal_laplace`) or from diagonal SWAG (`swag`),
+the paper's choice for ReLU networks: a dead unit's weights have no data gradient, so diagonal
+Laplace gives them the prior's variance (the largest) although they do not change the
+function, while SWAG's iterates never move them.
+
+`subnetwork_laplace` then fits $\mathcal N(\theta^*_s, (E_s^\top G E_s + \lambda_S I)^{-1})$ with
+$J E_s$ from derivatives of the model restricted to the subset (`linops.models.restrict`:
+never the full Jacobian sliced afterwards) and $\lambda_S = \lambda S / P$ (appendix C).
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import posteriors as pst
+    >>> from linops.likelihoods import Gaussian
+    >>> fn = lambda w, x: (x @ w)[None]
+    >>> X = jax.random.normal(jax.random.key(0), (20, 4)); Y = X[:, :1]
+    >>> sub = pst.subnetwork.largest_magnitude(jnp.array([0.1, -3.0, 0.5, 2.0]), 2)
+    >>> sub.indices, sub.memory_bytes
+    (Array([1, 3], dtype=int32), 48)
+    >>> post = pst.subnetwork_laplace(fn, jnp.array([0.1, -3.0, 0.5, 2.0]), (X, Y), Gaussian(1.0), sub)
+    >>> post.covariance.shape, post.structure
+    ((4, 4), 'subnetwork')
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import linops as lo
+from linops.likelihoods import Likelihood
+from linops.memory import check_fits, format_bytes
+from linops.models import check_indices, ravel, restrict
+from posteriors import _structures as S
+from posteriors.laplace_family import LaplacePosterior, _canonical_prior, last_layer_leaves, make_posterior
+
+#: What `subnetwork_laplace` keeps per subnetwork weight pair: the GGN block, its Cholesky factor
+#: and the covariance, each S x S.
+_SQUARES = 3
+
+
+class Subnetwork(eqx.Module):
+    """A parameter subset: sorted flat indices, how they were chosen, and the memory they need.
+
+    Attributes:
+        indices: ``(S,)`` sorted flat indices into the raveled parameters.
+        num_params: $P$, all the parameters.
+        strategy: the selection rule's name.
+        scores: the per-parameter scores the rule ranked (variances, magnitudes), or None.
+        itemsize: bytes per number of the parameters' dtype.
+    """
+
+    indices: jax.Array
+    num_params: int = eqx.field(static=True)
+    strategy: str = eqx.field(static=True)
+    scores: jax.Array | None
+    itemsize: int = eqx.field(static=True)
+
+    @property
+    def size(self) -> int:
+        """$S$."""
+        return int(self.indices.shape[0])
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of the arrays `subnetwork_laplace` keeps: three ``S x S`` matrices (GGN, Cholesky, covariance)."""
+        return _SQUARES * self.size**2 * self.itemsize
+
+
+def _make(indices, params, strategy, scores=None):
+    flat, _ = ravel(params)
+    idx = check_indices(indices, flat.shape[0], f"subnetwork.{strategy}")
+    return Subnetwork(jnp.asarray(idx, jnp.int32), int(flat.shape[0]), strategy, scores,
+                      int(np.dtype(flat.dtype).itemsize))
+
+
+def _check_size(size, P, who):
+    if not isinstance(size, (int, np.integer)) or not 1 <= size <= P:
+        raise ValueError(f"{who}: size must be an integer in [1, {P}], got {size!r}")
+    return int(size)
+
+
+def _top(scores, size):
+    # a stable order on ties: the earlier index first
+    return np.argsort(-np.asarray(scores), kind="stable")[:size]
+
+
+def from_indices(params, indices) -> Subnetwork:
+    """A subnetwork given by flat indices (checked: in range, no duplicates).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from posteriors.subnetwork import from_indices
+        >>> from_indices(jnp.zeros(5), [4, 0]).indices
+        Array([0, 4], dtype=int32)
+    """
+    return _make(indices, params, "from_indices")
+
+
+def largest_variance(params, variances, size: int, *, strategy: str = "largest_variance") -> Subnetwork:
+    """The ``size`` parameters of largest marginal variance (the Wasserstein rule), from given variances.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from posteriors.subnetwork import largest_variance
+        >>> largest_variance(jnp.zeros(4), jnp.array([0.1, 5.0, 2.0, 0.3]), 2).indices
+        Array([1, 2], dtype=int32)
+    """
+    flat, _ = ravel(params)
+    variances = jnp.asarray(variances)
+    if variances.shape != flat.shape:
+        raise ValueError(f"subnetwork.{strategy}: variances must have shape {flat.shape}, got {variances.shape}")
+    size = _check_size(size, flat.shape[0], f"subnetwork.{strategy}")
+    return _make(_top(variances, size), params, strategy, variances)
+
+
+def diagonal_laplace(fn, params, data, likelihood: Likelihood, size: int, *, prior_precision=1.0,
+                     batch_size: int | None = None) -> Subnetwork:
+    r"""Largest marginal variances $1/(\operatorname{diag} G + \alpha)$ of a diagonal Laplace (the paper's rule).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from posteriors.subnetwork import diagonal_laplace
+        >>> from linops.likelihoods import Gaussian
+        >>> X = jnp.array([[1.0, 0.0, 3.0], [1.0, 0.0, 3.0]])   # w[1] is never seen: prior variance
+        >>> diagonal_laplace(lambda w, x: (x @ w)[None], jnp.zeros(3), (X, jnp.zeros((2, 1))), Gaussian(1.0), 1).indices
+        Array([1], dtype=int32)
+    """
+    X, Y = data
+    g = lo.diag(lo.GGNOp(fn, params, X, Y, likelihood, batch_size=batch_size))
+    alpha = _canonical_prior(prior_precision, params, None, "diag", None, "subnetwork.diagonal_laplace")
+    return largest_variance(params, 1.0 / (g + alpha), size, strategy="diagonal_laplace")
+
+
+def swag(fn, params, data, likelihood: Likelihood, size: int, *, key: jax.Array, num_steps: int = 1000,
+         learning_rate: float = 1e-2, batch_size: int = 32, collect_every: int = 1, prior_precision=0.0,
+         momentum: float = 0.9) -> Subnetwork:
+    r"""Largest marginal variances of diagonal SWAG (Maddox et al., 2019): SGD from ``params``.
+
+    SGD with momentum (optax) on the mean negative log-likelihood of random mini-batches (drawn
+    with ``key``), plus $\tfrac{\alpha}{2N}\|\theta\|^2$ when ``prior_precision`` $\alpha > 0$
+    (default 0, so that weights without data gradients stay put and get no variance), starting
+    at ``params``; every ``collect_every`` steps the iterate enters running first and second
+    moments, and the variance is $\overline{\theta^2} - \bar\theta^2$.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from posteriors.subnetwork import swag
+        >>> from linops.likelihoods import Gaussian
+        >>> X = jnp.array([[1.0, 0.0], [2.0, 0.0], [0.5, 0.0]]); Y = jnp.array([[1.0], [0.0], [2.0]])
+        >>> sub = swag(lambda w, x: (x @ w)[None], jnp.zeros(2), (X, Y), Gaussian(1.0), 1, key=jax.random.key(0),
+        ...            num_steps=200, batch_size=1)
+        >>> sub.indices, float(sub.scores[1])                  # w[1] has no gradient: it never moves
+        (Array([0], dtype=int32), 0.0)
+    """
+    import optax
+
+    who = "subnetwork.swag"
+    X, Y = data
+    flat, unravel = ravel(params)
+    size = _check_size(size, flat.shape[0], who)
+    n = X.shape[0]
+    batch_size = min(int(batch_size), n)
+    lik_axis = 0 if likelihood.per_example else None
+    alpha = jnp.asarray(prior_precision, flat.dtype)
+
+    def loss(theta, idx):
+        out = jax.vmap(fn, in_axes=(None, 0))(unravel(theta), X[idx])
+        lik = jax.tree_util.tree_map(lambda a: a[idx], likelihood) if lik_axis == 0 else likelihood
+        nll = jnp.mean(jax.vmap(lambda lk, f, y: lk.nll(f, y), in_axes=(lik_axis, 0, 0))(lik, out, Y[idx]))
+        return nll + 0.5 * alpha * jnp.sum(theta**2) / n
+
+    opt = optax.sgd(learning_rate, momentum=momentum)
+
+    @jax.jit
+    def run(theta):
+        def step(carry, k):
+            th, state, m1, m2, count, t = carry
+            idx = jax.random.choice(k, n, (batch_size,), replace=False)
+            grads = jax.grad(loss)(th, idx)
+            updates, state = opt.update(grads, state, th)
+            th = optax.apply_updates(th, updates)
+            take = (t + 1) % collect_every == 0
+            m1 = jnp.where(take, m1 + th, m1)
+            m2 = jnp.where(take, m2 + th**2, m2)
+            return (th, state, m1, m2, count + take, t + 1), None
+
+        init = (theta, opt.init(theta), jnp.zeros_like(theta), jnp.zeros_like(theta), jnp.asarray(0), jnp.asarray(0))
+        (_, _, m1, m2, count, _), _ = jax.lax.scan(step, init, jax.random.split(key, num_steps))
+        mean = m1 / count
+        return jnp.clip(m2 / count - mean**2, 0.0)
+
+    variances = run(flat)
+    return largest_variance(params, variances, size, strategy="swag")
+
+
+def largest_magnitude(params, size: int) -> Subnetwork:
+    """The ``size`` parameters of largest absolute value (a baseline).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from posteriors.subnetwork import largest_magnitude
+        >>> largest_magnitude(jnp.array([0.5, -4.0, 1.0]), 1).indices
+        Array([1], dtype=int32)
+    """
+    flat, _ = ravel(params)
+    size = _check_size(size, flat.shape[0], "subnetwork.largest_magnitude")
+    return _make(_top(jnp.abs(flat), size), params, "largest_magnitude", jnp.abs(flat))
+
+
+def random(key: jax.Array, params, size: int) -> Subnetwork:
+    """``size`` parameters uniformly at random, without replacement (a baseline; explicit ``key``).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from posteriors.subnetwork import random
+        >>> random(jax.random.key(0), jnp.zeros(10), 3).size
+        3
+    """
+    flat, _ = ravel(params)
+    size = _check_size(size, flat.shape[0], "subnetwork.random")
+    return _make(np.asarray(jax.random.choice(key, flat.shape[0], (size,), replace=False)), params, "random")
+
+
+def _leaf_indices(params, chosen):
+    sizes = [int(np.size(leaf)) for leaf in jax.tree_util.tree_leaves(params)]
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    return np.concatenate([np.arange(starts[i], starts[i + 1]) for i in chosen])
+
+
+def last_layer(params, last_layer: str | None = None) -> Subnetwork:
+    """The last layer's parameters (found as `posteriors.last_layer_leaves` does, or named).
+
+    Example:
+        >>> import jax, equinox as eqx
+        >>> from posteriors.subnetwork import last_layer
+        >>> from linops.models import from_equinox
+        >>> _, params = from_equinox(eqx.nn.MLP(2, 3, 8, 1, key=jax.random.key(0)))
+        >>> last_layer(params).size                   # 8 x 3 weights + 3 biases
+        27
+    """
+    return _make(_leaf_indices(params, last_layer_leaves(params, last_layer)), params, "last_layer")
+
+
+def by_name(params, prefix: str) -> Subnetwork:
+    """Every parameter whose path (``"layers.0.weight"``) starts with ``prefix``.
+
+    Example:
+        >>> import jax, equinox as eqx
+        >>> from posteriors.subnetwork import by_name
+        >>> from linops.models import from_equinox
+        >>> _, params = from_equinox(eqx.nn.MLP(2, 3, 8, 1, key=jax.random.key(0)))
+        >>> by_name(params, "layers.0.bias").size
+        8
+    """
+    return _make(_leaf_indices(params, last_layer_leaves(params, prefix)), params, "by_name")
+
+
+def size_for_memory(memory_bytes: int, *, dtype=jnp.float32) -> int:
+    """The largest $S$ whose `subnetwork_laplace` arrays fit in ``memory_bytes``.
+
+    Example:
+        >>> from posteriors.subnetwork import size_for_memory
+        >>> size_for_memory(7_200_000_000)            # the paper's 7.2 GB, float32
+        24494
+    """
+    return int(np.floor(np.sqrt(memory_bytes / (_SQUARES * np.dtype(dtype).itemsize))))
+
+
+def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Subnetwork, prior_precision=1.0, *,
+                       rescale_prior: bool = True, batch_size: int | None = None) -> LaplacePosterior:
+    r"""Laplace over a subnetwork: covariance $E_s (E_s^\top G E_s + \lambda_S I)^{-1} E_s^\top$.
+
+    $E_s^\top G E_s$ is the dense GGN of the model restricted to the subset
+    (`linops.models.restrict`): its Jacobian rows come from reverse passes that stop at the
+    leaves holding selected weights, never from the full Jacobian. The other weights stay at
+    $\theta^*$.
+
+    Args:
+        fn, params, data, likelihood: as for `posteriors.laplace`.
+        subnetwork: a `Subnetwork` (from a selection strategy or `from_indices`).
+        prior_precision: $\lambda$, a scalar or one per parameter (of all $P$).
+        rescale_prior: use $\lambda_S = \lambda S/P$ (appendix C: it keeps the magnitude of the
+            implied tangent kernel); ``False`` keeps $\lambda$.
+        batch_size: examples per batch of the GGN.
+
+    Returns:
+        A `LaplacePosterior` with ``structure="subnetwork"``: the same interface as every other
+        posterior (``.mean``, ``.covariance``, ``.sample``, the predictives, the evidence, save/load).
+
+    Raises:
+        ValueError: a subnetwork of another parameter count; `linops.memory.MemoryBudgetError`
+            when its ``S x S`` arrays cannot fit (see `Subnetwork.memory_bytes`, `size_for_memory`).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import posteriors as pst
+        >>> from linops.likelihoods import Gaussian
+        >>> X = jnp.eye(3); Y = jnp.zeros((3, 1))
+        >>> sub = pst.subnetwork.from_indices(jnp.zeros(3), [0, 2])
+        >>> post = pst.subnetwork_laplace(lambda w, x: (x @ w)[None], jnp.zeros(3), (X, Y), Gaussian(1.0), sub,
+        ...                               prior_precision=3.0)           # lambda_S = 3 * 2/3 = 2
+        >>> (3 * post.covariance.as_matrix()).round(4)   # (1 + 2)^-1 for w[0] and w[2]; w[1] is fixed
+        Array([[1., 0., 0.],
+               [0., 0., 0.],
+               [0., 0., 1.]], dtype=float32)
+    """
+    who = "subnetwork_laplace"
+    if not isinstance(subnetwork, Subnetwork):
+        raise TypeError(f"{who}: subnetwork must be a posteriors.subnetwork.Subnetwork, "
+                        f"got {type(subnetwork).__name__}")
+    if not isinstance(likelihood, Likelihood):
+        raise TypeError(f"{who}: likelihood must be a linops.likelihoods.Likelihood, got {type(likelihood).__name__}")
+    if not (isinstance(data, tuple) and len(data) == 2):
+        raise ValueError(f"{who}: data must be an (inputs, targets) pair")
+    flat, _ = ravel(params)
+    P, s = flat.shape[0], subnetwork.size
+    if subnetwork.num_params != P:
+        raise ValueError(f"{who}: the subnetwork indexes {subnetwork.num_params} parameters but params have {P}")
+    check_fits(subnetwork.memory_bytes, f"{who} over {s} weights ({format_bytes(subnetwork.memory_bytes)} for its "
+               "GGN, Cholesky factor and covariance)", "choose fewer weights: posteriors.subnetwork.size_for_memory "
+               "gives the largest S that fits")
+    X, Y = data
+    indices = np.asarray(subnetwork.indices)
+    fn_S, theta_S = restrict(fn, params, indices)
+    G = lo.GGNOp(fn_S, theta_S, X, Y, likelihood, batch_size=batch_size).as_matrix()
+    ggn = S.Full(G)
+    alpha = _canonical_prior(prior_precision, params, jnp.asarray(indices), "subnetwork", ggn, who)
+    if rescale_prior:
+        alpha = alpha * (s / P)
+    return make_posterior(fn, params, X, Y, likelihood, "subnetwork", ggn, alpha, jnp.asarray(indices), None)
+
+
+__all__ = [
+    "Subnetwork", "by_name", "diagonal_laplace", "from_indices", "largest_magnitude", "largest_variance",
+    "last_layer", "random", "size_for_memory", "subnetwork_laplace", "swag",
+]
