@@ -23,7 +23,7 @@ _MODULES = [
     "linops.kernels._combine", "linops.kernels._multioutput", "linops.kernels._gram", "linops.kernels._gp",
     "posteriors", "posteriors.projected", "posteriors.context", "posteriors.gaussian", "posteriors.fsp",
     "posteriors.laplace_family", "posteriors.predictive", "posteriors.marglik", "posteriors.io", "linops._kfac",
-    "posteriors.subnetwork",
+    "posteriors.subnetwork", "posteriors.metrics",
 ]
 
 
@@ -37,6 +37,7 @@ def test_every_public_name_has_a_runnable_example():
     objects += _public(linops.likelihoods) + _public(linops.models) + _public(linops.memory)
     objects += _public(linops.kernels)
     objects += _public(posteriors) + _public(posteriors.predictive) + _public(posteriors.subnetwork)
+    objects += _public(posteriors.metrics)
     for name, obj in objects:
         if not (inspect.isclass(obj) or inspect.isfunction(obj)):
             continue
