@@ -29,7 +29,8 @@ from posteriors.subnetwork import Subnetwork, subnetwork_laplace
 __version__ = "0.1.0"
 
 __all__ = [
-    "context", "metrics", "predictive", "load", "save", "STRUCTURES", "LaplacePosterior", "laplace", "last_layer_leaves",
+    "context", "metrics", "predictive", "load", "save",
+    "STRUCTURES", "LaplacePosterior", "laplace", "last_layer_leaves",
     "marginal_log_likelihood", "optimize_prior_precision", "subnetwork", "Subnetwork", "subnetwork_laplace",
     "FSPInfo", "FSPLaplacePosterior", "fsp_laplace", "fsp_objective", "GaussianPosterior", "GPPrior",
     "LowRankPosterior", "loss_projected_posterior", "optimal_prior_precision", "ProjectedPosterior",
