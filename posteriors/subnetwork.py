@@ -284,7 +284,10 @@ def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Sub
     $\theta^*$.
 
     Args:
-        fn, params, data, likelihood: as for `posteriors.laplace`.
+        fn: per-example model ``fn(params, x) -> (O,)`` (as for `posteriors.laplace`).
+        params: the trained params pytree $\theta^*$.
+        data: the training ``(inputs, targets)``.
+        likelihood: a `linops.likelihoods.Likelihood`.
         subnetwork: a `Subnetwork` (from a selection strategy or `from_indices`).
         prior_precision: $\lambda$, a scalar or one per parameter (of all $P$).
         rescale_prior: use $\lambda_S = \lambda S/P$ (appendix C: it keeps the magnitude of the
