@@ -87,9 +87,13 @@ def _check_size(size, P, who):
     return int(size)
 
 
-def _top(scores, size):
-    # a stable order on ties: the earlier index first
-    return np.argsort(-np.asarray(scores), kind="stable")[:size]
+def _top(scores, size, key=None):
+    """The ``size`` largest scores; ties in index order, or in a random order drawn with ``key``."""
+    scores = np.asarray(scores)
+    if key is None:
+        return np.argsort(-scores, kind="stable")[:size]
+    tiebreak = np.asarray(jax.random.permutation(key, scores.shape[0]))
+    return np.lexsort((tiebreak, -scores))[:size]
 
 
 def from_indices(params, indices) -> Subnetwork:
@@ -104,8 +108,13 @@ def from_indices(params, indices) -> Subnetwork:
     return _make(indices, params, "from_indices")
 
 
-def largest_variance(params, variances, size: int, *, strategy: str = "largest_variance") -> Subnetwork:
+def largest_variance(params, variances, size: int, *, key: jax.Array | None = None,
+                     strategy: str = "largest_variance") -> Subnetwork:
     """The ``size`` parameters of largest marginal variance (the Wasserstein rule), from given variances.
+
+    Weights the training data do not constrain at all (e.g. those of ReLU units inactive on
+    every training input) all have exactly the prior variance: the rule cannot rank them. Ties
+    go in index order, or in a random order drawn with ``key``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -118,12 +127,14 @@ def largest_variance(params, variances, size: int, *, strategy: str = "largest_v
     if variances.shape != flat.shape:
         raise ValueError(f"subnetwork.{strategy}: variances must have shape {flat.shape}, got {variances.shape}")
     size = _check_size(size, flat.shape[0], f"subnetwork.{strategy}")
-    return _make(_top(variances, size), params, strategy, variances)
+    return _make(_top(variances, size, key), params, strategy, variances)
 
 
 def diagonal_laplace(fn, params, data, likelihood: Likelihood, size: int, *, prior_precision=1.0,
-                     batch_size: int | None = None) -> Subnetwork:
+                     batch_size: int | None = None, key: jax.Array | None = None) -> Subnetwork:
     r"""Largest marginal variances $1/(\operatorname{diag} G + \alpha)$ of a diagonal Laplace (the paper's rule).
+
+    Ties (weights without any data gradient) go in index order, or at random with ``key``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -136,7 +147,7 @@ def diagonal_laplace(fn, params, data, likelihood: Likelihood, size: int, *, pri
     X, Y = data
     g = lo.diag(lo.GGNOp(fn, params, X, Y, likelihood, batch_size=batch_size))
     alpha = _canonical_prior(prior_precision, params, None, "diag", None, "subnetwork.diagonal_laplace")
-    return largest_variance(params, 1.0 / (g + alpha), size, strategy="diagonal_laplace")
+    return largest_variance(params, 1.0 / (g + alpha), size, key=key, strategy="diagonal_laplace")
 
 
 def swag(fn, params, data, likelihood: Likelihood, size: int, *, key: jax.Array, num_steps: int = 1000,
