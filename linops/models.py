@@ -92,7 +92,17 @@ def per_example(batched_fn: Callable) -> Callable:
 
 
 def check_indices(indices, num_params: int, who: str):
-    """``indices`` as a sorted int array, or a `ValueError` naming ``who`` (range, repeats, shape)."""
+    """``indices`` as a sorted int array, or a `ValueError` naming ``who`` (range, repeats, shape).
+
+    Example:
+        >>> from linops.models import check_indices
+        >>> check_indices([4, 0, 2], num_params=5, who="my_subnet")
+        array([0, 2, 4])
+        >>> check_indices([0, 5], num_params=5, who="my_subnet")
+        Traceback (most recent call last):
+        ...
+        ValueError: my_subnet: indices must lie in [0, 5) for 5 parameters, got range [0, 5]
+    """
     import numpy as np
 
     idx = np.asarray(indices)
