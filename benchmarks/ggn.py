@@ -137,7 +137,16 @@ def make_reference_functions(fn, unravel):
 def memory_of(jitted, *args):
     """XLA's memory analysis of the compiled program (bytes), or None where unavailable."""
     try:
-        analysis = jitted.lower(*args).compile().memory_analysis()
+        compiled = jitted.lower(*args).compile()
+    except Exception as e:  # noqa: BLE001 - report, do not fail the benchmark
+        return {"error": f"{type(e).__name__}: {e}"}
+    return memory_report(compiled)
+
+
+def memory_report(compiled):
+    """XLA's memory analysis of an already compiled program (bytes): the keys of `memory_of`."""
+    try:
+        analysis = compiled.memory_analysis()
     except Exception as e:  # noqa: BLE001 - report, do not fail the benchmark
         return {"error": f"{type(e).__name__}: {e}"}
     if analysis is None:

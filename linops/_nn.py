@@ -260,9 +260,9 @@ class GGNOp(_LikelihoodOperator):
 
         Per batch, the ``B K`` rows of $A_n J_n$ come from vector-Jacobian products (one per row
         of the likelihood's Hessian factor) and are accumulated as one matrix product, so the
-        cost is about $NK$ reverse passes plus $NKP^2$ flops, not $P$ GGN products. The
-        batches hold about $2^{25}$ numbers of rows. Refused before any work when the
-        ``P x P`` result would not fit in memory.
+        cost is about $NK$ reverse passes plus $NKP^2$ flops, not $P$ GGN products. A batch
+        holds at most ``batch_size`` examples and at most about $2^{25}$ numbers of rows.
+        Refused before any work when the ``P x P`` result would not fit in memory.
         """
         from linops.memory import check_fits
 
@@ -270,7 +270,7 @@ class GGNOp(_LikelihoodOperator):
         itemsize = np.dtype(self.dtype).itemsize
         check_fits(P * P * itemsize, f"GGNOp({P} x {P}).as_matrix()",
                    "use lo.diag(G), a low-rank factor (lo.LanczosLowRankOp) or G @ V products instead")
-        chunk = max(1, min(self.num_examples, (1 << 25) // max(K * P, 1)))
+        chunk = max(1, min(self.batch_size, (1 << 25) // max(K * P, 1)))
 
         def batch(data):
             xb, yb, lb = data

@@ -12,7 +12,7 @@ Example:
     (2, 2)
 """
 
-from posteriors import context, metrics, predictive, subnetwork
+from posteriors import context, data, metrics, predictive, subnetwork
 from posteriors.fsp import FSPInfo, FSPLaplacePosterior, GPPrior, fsp_laplace, fsp_objective, rkhs_norm
 from posteriors.gaussian import GaussianPosterior, LowRankPosterior
 from posteriors.io import load, save
@@ -29,7 +29,7 @@ from posteriors.subnetwork import Subnetwork, subnetwork_laplace
 __version__ = "0.1.0"
 
 __all__ = [
-    "context", "metrics", "predictive", "load", "save",
+    "context", "data", "metrics", "predictive", "load", "save",
     "STRUCTURES", "LaplacePosterior", "laplace", "last_layer_leaves",
     "marginal_log_likelihood", "optimize_prior_precision", "subnetwork", "Subnetwork", "subnetwork_laplace",
     "FSPInfo", "FSPLaplacePosterior", "fsp_laplace", "fsp_objective", "GaussianPosterior", "GPPrior",

@@ -13,6 +13,8 @@ import linops.models
 import linops.testing
 import linops.testing.strategies
 import posteriors
+import posteriors.cli
+import posteriors.data
 
 _MODULES = [
     "linops", "linops.tags", "linops._base", "linops._leaves", "linops._structured", "linops._composite",
@@ -23,7 +25,7 @@ _MODULES = [
     "linops.kernels._combine", "linops.kernels._multioutput", "linops.kernels._gram", "linops.kernels._gp",
     "posteriors", "posteriors.projected", "posteriors.context", "posteriors.gaussian", "posteriors.fsp",
     "posteriors.laplace_family", "posteriors.predictive", "posteriors.marglik", "posteriors.io", "linops._kfac",
-    "posteriors.subnetwork", "posteriors.metrics",
+    "posteriors.subnetwork", "posteriors.metrics", "posteriors.data", "posteriors.cli",
 ]
 
 
@@ -37,7 +39,7 @@ def test_every_public_name_has_a_runnable_example():
     objects += _public(linops.likelihoods) + _public(linops.models) + _public(linops.memory)
     objects += _public(linops.kernels)
     objects += _public(posteriors) + _public(posteriors.predictive) + _public(posteriors.subnetwork)
-    objects += _public(posteriors.metrics)
+    objects += _public(posteriors.metrics) + _public(posteriors.data) + _public(posteriors.cli)
     for name, obj in objects:
         if not (inspect.isclass(obj) or inspect.isfunction(obj)):
             continue

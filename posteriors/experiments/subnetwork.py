@@ -11,66 +11,30 @@
    (equal memory) chosen by diagonal SWAG (the paper's choice for ReLU networks) and at random.
 
 Writes ``subnetwork_regression.png``, ``subnetwork_rotated_digits.png`` and
-``subnetwork_summary.json`` to ``--out`` (default ``examples/figures``). Needs the ``examples``
-extra (matplotlib, scikit-learn).
-
-    python examples/subnetwork.py            # a few minutes on 2 CPU cores
-    python examples/subnetwork.py --quick    # a smoke run
+``subnetwork_summary.json`` to ``--out``. Run with ``python -m posteriors subnetwork`` (the
+``examples`` extra: matplotlib, scikit-learn, scipy).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import time
-from pathlib import Path
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import posteriors as pst
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import from_equinox, ravel
-
-
-def train_map(fn, params, X, Y, likelihood, prior_precision, *, steps, learning_rate, key, batch_size=None):
-    """Adam on the negative log posterior (likelihood + Gaussian prior), one jitted scan."""
-    flat, unravel = ravel(params)
-    n = X.shape[0]
-    batch_size = n if batch_size is None else batch_size
-
-    def loss(theta, idx):
-        out = jax.vmap(fn, in_axes=(None, 0))(unravel(theta), X[idx])
-        nll = jnp.sum(jax.vmap(likelihood.nll)(out, Y[idx])) * (n / idx.shape[0])
-        return nll + 0.5 * prior_precision * jnp.sum(theta**2)
-
-    opt = optax.adam(learning_rate)
-
-    @jax.jit
-    def run(theta):
-        def step(carry, k):
-            th, state = carry
-            idx = jax.random.choice(k, n, (batch_size,), replace=False) if batch_size < n else jnp.arange(n)
-            updates, state = opt.update(jax.grad(loss)(th, idx), state, th)
-            return (optax.apply_updates(th, updates), state), None
-
-        return jax.lax.scan(step, (theta, opt.init(theta)), jax.random.split(key, steps))[0][0]
-
-    return unravel(run(flat))
+from posteriors import data as pdata
+from posteriors.experiments._common import pyplot, train_map
 
 
 def toy_regression(out, quick, log):
-    import matplotlib.pyplot as plt
-
-    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    plt = pyplot()
     n = 80
-    left = jax.random.uniform(k1, (n // 2,), minval=-1.5, maxval=-0.7)
-    right = jax.random.uniform(k2, (n // 2,), minval=0.5, maxval=1.3)
-    X = jnp.concatenate([left, right])[:, None]
-    Y = jnp.sin(3 * X) + 0.1 * jax.random.normal(k3, (n, 1))
+    X, Y = pdata.inbetween(jax.random.key(0), n)
     sigma, prior = 0.1, 3.0
     fn, params = from_equinox(eqx.nn.MLP(1, 1, 50, 2, activation=jax.nn.relu, key=jax.random.key(1)))
     params = train_map(fn, params, X, Y, Gaussian(sigma), prior, steps=1500 if quick else 6000, learning_rate=1e-2,
@@ -125,13 +89,8 @@ def toy_regression(out, quick, log):
 
 
 def rotated_digits(out, quick, log):
-    import matplotlib.pyplot as plt
-    from scipy.ndimage import rotate
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    images = digits.images.astype(np.float32) / 16.0
-    labels = digits.target.astype(np.int32)
+    plt = pyplot()
+    images, labels = pdata.digits()
     rng = np.random.default_rng(0)
     perm = rng.permutation(len(labels))
     train, test = perm[:1200], perm[1200:]
@@ -150,12 +109,12 @@ def rotated_digits(out, quick, log):
     posts = {"Diag": pst.laplace(fn, params, data, lik, structure="diag", prior_precision=prior), "Last layer": last,
              f"Subnet SWAG-Wass ({S})": pst.subnetwork_laplace(fn, params, data, lik, swag, prior),
              f"Subnet random ({S})": pst.subnetwork_laplace(fn, params, data, lik, rand, prior)}
-    for name in list(posts)[2:]:  # tune the prior by the evidence, as for the others' grid searches
+    for name in posts:  # every method's prior precision tuned by the evidence
         posts[name], _ = pst.optimize_prior_precision(posts[name], num_steps=100)
     angles = [0, 30, 60, 90] if quick else [0, 15, 30, 45, 60, 75, 90, 120, 150, 180]
     results = {name: {"log_likelihood": [], "ece": []} for name in ["MAP", *posts]}
     for angle in angles:
-        rot = np.stack([rotate(im, angle, reshape=False, order=1) for im in images[test]]).reshape(-1, 64)
+        rot = pdata.rotate(images[test], angle).reshape(-1, 64)
         Xte, yte = jnp.asarray(rot), jnp.asarray(labels[test])
         probs = {"MAP": jax.nn.softmax(jax.vmap(fn, in_axes=(None, 0))(params, Xte), axis=-1)}
         for name, post in posts.items():
@@ -178,22 +137,10 @@ def rotated_digits(out, quick, log):
     return {"num_params": int(P), "subnetwork_size": S, "angles": angles, "results": results}
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer training steps and angles (a smoke run)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "figures")
-    args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-
-    def log(msg):
-        print(f"[{time.perf_counter() - start:6.1f}s] {msg}", flush=True)
-
-    summary = {"quick": args.quick, "toy_regression": toy_regression(args.out, args.quick, log),
-               "rotated_digits": rotated_digits(args.out, args.quick, log)}
-    (args.out / "subnetwork_summary.json").write_text(json.dumps(summary, indent=2))
-    log(f"wrote {args.out}/subnetwork_regression.png, subnetwork_rotated_digits.png, subnetwork_summary.json")
-
-
-if __name__ == "__main__":
-    main()
+def run(out, quick, log):
+    """Both experiments; writes their figures and ``subnetwork_summary.json``."""
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {"quick": quick, "toy_regression": toy_regression(out, quick, log),
+               "rotated_digits": rotated_digits(out, quick, log)}
+    (out / "subnetwork_summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

@@ -1,0 +1,113 @@
+"""``python -m posteriors``: every command runs on tiny data and writes its files; the paper's claims hold.
+
+The runs are in the slow tier (each trains networks and fits every posterior: about a minute);
+argument errors are checked in the default suite.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from posteriors.cli import build_parser, main
+
+pytest.importorskip("matplotlib")
+pytest.importorskip("sklearn")
+
+
+def test_bad_arguments_fail_before_any_work(tmp_path, capsys):
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit, match=r"unknown method\(s\) \['laplace'\]; choose from map, full"):
+        main(["demo", "--methods", "map,laplace", "--out", str(out)])
+    with pytest.raises(SystemExit, match=r"unknown part\(s\) \['mauna'\]"):
+        main(["fsp", "--parts", "mauna", "--out", str(out)])
+    with pytest.raises(SystemExit):
+        main(["projected", "--dataset", "cifar10", "--out", str(out)])
+    assert "invalid choice: 'cifar10'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["tables", "--out", str(out)])
+    assert not out.exists()
+
+
+def test_options_before_or_after_the_command():
+    parser = build_parser()
+    for argv in (["--quick", "--seed", "3", "inbetween"], ["inbetween", "--quick", "--seed", "3"]):
+        args = parser.parse_args(argv)
+        assert (args.command, args.quick, args.seed) == ("inbetween", True, 3)
+    assert parser.parse_args([]).command is None
+
+
+def test_help_lists_every_command():
+    text = subprocess.run([sys.executable, "-m", "posteriors", "--help"], capture_output=True, text=True,
+                          check=True).stdout
+    for command in ("demo", "projected", "inbetween", "subnetwork", "fsp"):
+        assert command in text
+
+
+def _run(tmp_path, *argv):
+    out = tmp_path / "out"
+    assert main([*argv, "--smoke", "--quiet", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_demo_table_figures_and_the_projected_claims(tmp_path):
+    out = _run(tmp_path, "demo")
+    for name in ("demo.json", "demo.md", "demo_reliability.png", "demo_ood_scores.png", "demo_rotation.png",
+                 "inbetween.png", "inbetween.json"):
+        assert (out / name).stat().st_size > 0, name
+    table = json.loads((out / "demo.json").read_text())
+    rows = table["rows"]
+    assert list(rows) == ["MAP", "Diagonal Laplace", "Last-layer Laplace", "KFAC Laplace", "Low-rank Laplace",
+                          "Subnetwork Laplace", "Projected", "Loss-projected", "FSP-Laplace"]
+    for method, row in rows.items():
+        assert "error" not in row, (method, row)
+        for col in ("confidence", "nll", "accuracy", "brier", "ece", "mce", "auroc_held-out classes",
+                    "auroc_noise", "auroc_rotated 90°"):
+            assert 0.0 <= row[col] <= (10.0 if col == "nll" else 1.0), (method, col, row[col])
+    md = (out / "demo.md").read_text()
+    for header in ("Conf.", "NLL", "Acc.", "Brier", "ECE", "MCE", "AUROC held-out"):
+        assert header in md
+    # lemma 3.1: the projected posterior predicts like the MAP on the data's distribution ...
+    mp, pr = rows["MAP"], rows["Projected"]
+    assert abs(pr["accuracy"] - mp["accuracy"]) <= 0.02
+    assert abs(pr["nll"] - mp["nll"]) <= 0.1 * mp["nll"] + 0.01
+    # ... and detects the held-out classes at least as well (the paper's table 3)
+    assert pr["auroc_held-out classes"] >= mp["auroc_held-out classes"] - 0.01
+
+
+@pytest.mark.slow
+def test_projected_command(tmp_path):
+    out = _run(tmp_path, "projected", "--dataset", "digits", "--methods", "map,diag,projected")
+    rows = json.loads((out / "projected.json").read_text())["rows"]
+    assert list(rows) == ["MAP", "Diagonal Laplace", "Projected"]
+    assert (out / "projected_rotation.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_inbetween_command(tmp_path):
+    out = _run(tmp_path, "inbetween", "--methods", "map,full,diag,projected")
+    rows = json.loads((out / "inbetween.json").read_text())["rows"]
+    assert rows["MAP"]["std_gap"] == 0.0 and rows["Full Laplace"]["std_gap"] > 0.0
+    assert rows["Projected"]["std_gap"] > rows["Projected"]["std_data"]  # wider in the gap than on the data
+    assert (out / "inbetween.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_subnetwork_command(tmp_path):
+    out = _run(tmp_path, "subnetwork")
+    summary = json.loads((out / "subnetwork_summary.json").read_text())
+    assert summary["toy_regression"]["num_params"] > 0 and summary["rotated_digits"]["angles"][0] == 0
+    assert (out / "subnetwork_regression.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_fsp_command(tmp_path):
+    out = _run(tmp_path, "fsp", "--parts", "maunaloa")
+    rows = json.loads((out / "fsp_maunaloa.json").read_text())["rows"]
+    assert set(rows) == {"FSP-Laplace (RW kernel)", "Laplace (full, isotropic prior)",
+                         "GP (RW kernel, exact; reference)"}
+    for row in rows.values():
+        assert row["test_mse"] > 0 and row["test_log_likelihood"] < 10
+    assert (out / "fsp_maunaloa.png").stat().st_size > 0
