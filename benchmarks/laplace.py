@@ -85,7 +85,7 @@ from linops.likelihoods import Categorical
 from linops.models import from_equinox, ravel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ggn import ratio_stats  # noqa: E402
+from ggn import memory_report, ratio_stats  # noqa: E402
 from overhead import CompileEvents, _s, machine_info, rel_err  # noqa: E402
 
 GOAL_FIT = 3.0       # laplace-torch fit time / ours
@@ -235,25 +235,10 @@ def predict_fn(post, T):
     return pst.predictive.probit(mean, var), mean, var
 
 
-def memory_dict(compiled):
-    """XLA's memory analysis of a compiled program (bytes), or an error string."""
-    try:
-        analysis = compiled.memory_analysis()
-    except Exception as e:  # noqa: BLE001 - report, do not fail the benchmark
-        return {"error": f"{type(e).__name__}: {e}"}
-    if analysis is None:
-        return {"error": "memory_analysis() returned None on this backend"}
-    rep = {k: int(getattr(analysis, k)) for k in
-           ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes")}
-    rep["temp_plus_output"] = rep["temp_size_in_bytes"] + rep["output_size_in_bytes"]
-    rep["total"] = rep["temp_plus_output"] + rep["argument_size_in_bytes"]
-    return rep
-
-
 def compile_aot(fn, *args):
     t0 = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
-    return compiled, time.perf_counter() - t0, memory_dict(compiled)
+    return compiled, time.perf_counter() - t0, memory_report(compiled)
 
 
 # --- peak resident memory ------------------------------------------------------------------
