@@ -1,8 +1,8 @@
 """Run every code example in the docs: ``python docs/check_examples.py [page.md ...]``.
 
-Also checks that the API reference (``docs/api/*.md``) has a ``::: linops.X`` entry for
-every name in ``linops.__all__`` and entries for ``linops.testing`` and
-``linops.testing.strategies`` (whose module entries render all their public names).
+Also checks that the API reference (``docs/api/*.md``) renders every public name of the
+public modules (``PUBLIC_MODULES``), and that every figure on a method page
+(``docs/methods/*.md``) is one that a notebook in ``notebooks/`` writes.
 
 Each page runs in a fresh interpreter (so a rule registered on one page does not leak
 into the next), its blocks in order and in one namespace, as a reader would type them:
@@ -84,19 +84,79 @@ def check(path: Path) -> bool:
     return ok
 
 
-def check_api_coverage() -> bool:
-    import linops
+# Every public name of these modules must appear in the API reference, as its own ``::: module.name`` entry or
+# rendered by a ``::: module`` entry (all its public names, or those listed under ``options: members:``).
+PUBLIC_MODULES = ("linops", "linops.testing", "linops.testing.strategies", "linops.kernels", "linops.likelihoods",
+                  "linops.models", "linops.memory", "linops.tags", "posteriors", "posteriors.data",
+                  "posteriors.metrics", "posteriors.predictive", "posteriors.subnetwork", "posteriors.context",
+                  "posteriors.cli")
 
-    entries = set()
+
+def api_entries() -> dict[str, set[str] | None]:
+    """``{documented object: members it renders (None: all of them)}`` from ``docs/api/*.md``."""
+    entries: dict[str, set[str] | None] = {}
     for page in sorted((DOCS / "api").glob("*.md")):
-        entries |= set(re.findall(r"^::: ([\w.]+)", page.read_text(), re.M))
-    wanted = {f"linops.{name}" for name in linops.__all__} | {"linops.testing", "linops.testing.strategies"}
-    missing = sorted(wanted - entries)
-    print(
-        f"{'ok  ' if not missing else 'FAIL'} API reference covers linops.__all__, linops.testing, "
-        f"linops.testing.strategies" + (f": missing {missing}" if missing else "")
-    )
+        for m in re.finditer(r"^::: ([\w.]+)[ \t]*\n((?:[ \t]+\S.*\n?)*)", page.read_text(), re.M):
+            options = m[2]
+            members = set(re.findall(r"^[ \t]+- (\w+)", options, re.M)) if "members:" in options else None
+            entries[m[1]] = members
+    return entries
+
+
+def _resolve(path: str):
+    """The object a dotted path names (a module, or an attribute of one), or ``None``."""
+    import importlib
+
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr, None)
+        return obj
+    return None
+
+
+def check_api_coverage() -> bool:
+    import importlib
+
+    entries = api_entries()
+    rendered = set()  # ids of every object the reference renders (a re-exported name counts once)
+    for path, members in entries.items():
+        obj = _resolve(path)
+        rendered.add(id(obj))
+        if isinstance(obj, type(importlib)):
+            names = getattr(obj, "__all__", []) if members is None else members
+            rendered |= {id(getattr(obj, n, None)) for n in names}
+    missing = []
+    for module_name in PUBLIC_MODULES:
+        module = importlib.import_module(module_name)
+        for name in getattr(module, "__all__", []):
+            if id(getattr(module, name)) not in rendered:
+                missing.append(f"{module_name}.{name}")
+    print(f"{'ok  ' if not missing else 'FAIL'} API reference covers the public names of {len(PUBLIC_MODULES)} "
+          f"modules" + (f": missing {missing}" if missing else ""))
     return not missing
+
+
+def check_method_figures() -> bool:
+    """Every figure on a method page is written by a notebook (a literal file name in ``notebooks/*.py``)."""
+    notebooks = {p.name: p.read_text() for p in sorted((DOCS.parent / "notebooks").glob("*.py"))}
+    problems = []
+    for page in sorted((DOCS / "methods").glob("*.md")):
+        for target in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page.read_text()):
+            name = Path(target).name
+            if not target.startswith("../figures/notebooks/"):
+                problems.append(f"{page.name}: {target} is not under figures/notebooks/")
+            elif not any(f'"{name}"' in text for text in notebooks.values()):
+                problems.append(f"{page.name}: no notebook writes {name}")
+            elif not (DOCS / "figures" / "notebooks" / name).exists():
+                problems.append(f"{page.name}: {name} is missing (run the notebook that writes it)")
+    print(f"{'ok  ' if not problems else 'FAIL'} method-page figures come from the notebooks"
+          + (f": {problems}" if problems else ""))
+    return not problems
 
 
 def main(argv: list[str]) -> int:
@@ -104,6 +164,7 @@ def main(argv: list[str]) -> int:
     results = [check(p) for p in pages]
     if not argv:
         results.append(check_api_coverage())
+        results.append(check_method_figures())
     return 0 if all(results) else 1
 
 

@@ -35,6 +35,7 @@ from linops._lower import Lowered, count_matmuls, explain, lower
 from linops._nn import GGNOp, JacobianOp, LossJacobianOp
 from linops._projector import Complement, ProjectorOp
 from linops._rules import RULES, NoReduction, Rule, simplify
+from linops._sharding import sharded_mm
 from linops._streaming import StreamingGGNOp
 from linops._structured import BlockDiagonal, Kronecker, LowRank, Selection
 from linops.kernels import KernelGramOp
@@ -48,7 +49,7 @@ __all__ = [
     "JacobianOp", "kernels", "KernelGramOp", "KFAC", "kfac", "Kronecker", "Lanczos", "lanczos", "LanczosLowRankOp",
     "likelihoods", "LinearOperator", "LineaxOp", "logdet",
     "LossJacobianOp", "lower", "Lowered", "LowRank", "memory", "models", "new_key", "NoReduction", "pinv",
-    "Product", "Projection", "ProjectorOp", "Rule", "RULES", "Scaled", "Selection", "shift", "simplify",
+    "Product", "Projection", "ProjectorOp", "Rule", "RULES", "Scaled", "Selection", "sharded_mm", "shift", "simplify",
     "Solution", "solve", "sqrt", "StreamingGGNOp", "Sum", "tags", "to_lineax", "trace", "Transpose", "Zero",
 ]
 

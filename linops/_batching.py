@@ -51,3 +51,54 @@ def batched_map(fn, data, batch_size: int):
     if len(parts) == 1:
         return parts[0]
     return jax.tree_util.tree_map(lambda *a: jnp.concatenate(a, axis=0), *parts)
+
+
+def _even_split(data, devices: int):
+    """The leading examples that split evenly over ``devices``, and the rest (or None)."""
+    n = num_examples(data)
+    even = (n // devices) * devices
+    head = jax.tree_util.tree_map(lambda a: a[:even], data)
+    rest = jax.tree_util.tree_map(lambda a: a[even:], data) if even < n else None
+    return even, head, rest
+
+
+def sharded_sum(fn, data, batch_size: int, mesh, axis: str):
+    """`batched_sum` with the examples split over the devices of ``mesh`` along ``axis``.
+
+    Each device streams over its own examples in batches of ``batch_size`` and the partial sums
+    are reduced with ``psum``; the examples left over by an uneven split (fewer than the number
+    of devices) are summed on their own, replicated, and added: none is dropped.
+    """
+    from jax.sharding import PartitionSpec
+
+    even, head, rest = _even_split(data, mesh.shape[axis])
+    total = None
+    if even:
+        specs = jax.tree_util.tree_map(lambda _: PartitionSpec(axis), head)
+        local = lambda block: jax.lax.psum(batched_sum(fn, block, batch_size), axis)  # noqa: E731
+        # check_vma=False: the scan inside starts from zeros that are the same on every device, and psum
+        # must add the per-device partial sums (not multiply a value it believes replicated).
+        total = jax.shard_map(local, mesh=mesh, in_specs=(specs,), out_specs=PartitionSpec(), check_vma=False)(head)
+    if rest is not None:
+        last = batched_sum(fn, rest, batch_size)
+        total = last if total is None else jax.tree_util.tree_map(jnp.add, total, last)
+    return total
+
+
+def sharded_map(fn, data, batch_size: int, mesh, axis: str):
+    """`batched_map` with the examples split over the devices of ``mesh`` along ``axis`` (the
+    output stays split the same way; the uneven remainder is mapped on its own and appended)."""
+    from jax.sharding import PartitionSpec
+
+    even, head, rest = _even_split(data, mesh.shape[axis])
+    parts = []
+    if even:
+        specs = jax.tree_util.tree_map(lambda _: PartitionSpec(axis), head)
+        local = lambda block: batched_map(fn, block, batch_size)  # noqa: E731
+        parts.append(jax.shard_map(local, mesh=mesh, in_specs=(specs,), out_specs=PartitionSpec(axis),
+                                   check_vma=False)(head))
+    if rest is not None:
+        parts.append(batched_map(fn, rest, batch_size))
+    if len(parts) == 1:
+        return parts[0]
+    return jax.tree_util.tree_map(lambda *a: jnp.concatenate(a, axis=0), *parts)

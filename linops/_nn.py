@@ -17,7 +17,7 @@ import numpy as np
 
 from linops import _tags
 from linops._base import LinearOperator, new_key
-from linops._batching import batched_map, batched_sum, num_examples
+from linops._batching import batched_map, batched_sum, num_examples, sharded_map, sharded_sum
 from linops.likelihoods import Likelihood
 from linops.models import ravel
 
@@ -46,6 +46,19 @@ def _check_model(fn, params, inputs, who):
         shape = getattr(out, "shape", type(out).__name__)
         raise ValueError(f"{who}: fn(params, x) must return one example's outputs of shape (O,), got {shape}")
     return n, out.shape[0]
+
+
+def _check_mesh(mesh, axis, who):
+    """``(mesh, axis)`` checked: a `jax.sharding.Mesh` with that axis, or ``(None, axis)``."""
+    if mesh is None:
+        return None, axis
+    from jax.sharding import Mesh
+
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"{who}: mesh must be a jax.sharding.Mesh (or None), got {type(mesh).__name__}")
+    if axis not in mesh.axis_names:
+        raise ValueError(f"{who}: mesh has axes {tuple(mesh.axis_names)}; the example axis {axis!r} is not one of them")
+    return mesh, axis
 
 
 def _check_batch_size(batch_size, who):
@@ -84,9 +97,12 @@ class _ModelOperator(LinearOperator):
     num_params: int = eqx.field(static=True)
     dtype_: np.dtype = eqx.field(static=True)
     uid: int = eqx.field(static=True)
+    mesh: object = eqx.field(static=True)
+    axis: str = eqx.field(static=True)
 
-    def _init_model(self, fn, params, inputs, batch_size, who):
+    def _init_model(self, fn, params, inputs, batch_size, who, mesh=None, axis="data"):
         _check_batch_size(batch_size, who)
+        self.mesh, self.axis = _check_mesh(mesh, axis, who)
         n, o = _check_model(fn, params, inputs, who)
         flat, unravel = ravel(params)
         self.fn, self.params, self.inputs = fn, params, inputs
@@ -99,6 +115,18 @@ class _ModelOperator(LinearOperator):
     @property
     def dtype(self):
         return self.dtype_
+
+    def _sum(self, fn, data, batch_size):
+        """Sum of ``fn`` over batches; split over ``mesh``'s devices (and ``psum``-reduced) when there is one."""
+        if self.mesh is None:
+            return batched_sum(fn, data, batch_size)
+        return sharded_sum(fn, data, batch_size, self.mesh, self.axis)
+
+    def _map(self, fn, data, batch_size):
+        """``fn`` over batches, concatenated; split over ``mesh``'s devices when there is one."""
+        if self.mesh is None:
+            return batched_map(fn, data, batch_size)
+        return sharded_map(fn, data, batch_size, self.mesh, self.axis)
 
     def _batch_fn(self, xb):
         """``params -> (B, O)`` on a batch of inputs."""
@@ -122,6 +150,9 @@ class JacobianOp(_ModelOperator):
         params: the params pytree (the linearisation point).
         inputs: the inputs, a pytree whose leaves have a leading example axis ``N``.
         batch_size: examples per batch (memory ``O(P + batch)``).
+        mesh: a `jax.sharding.Mesh` to split the examples over (data parallel: each device streams
+            over its share in batches, and sums are reduced with ``psum``); None (default) for one device.
+        axis: the mesh axis the examples are split along (default ``"data"``).
 
     Example:
         >>> import jax.numpy as jnp, linops as lo
@@ -132,8 +163,8 @@ class JacobianOp(_ModelOperator):
                [3., 4.]], dtype=float32)
     """
 
-    def __init__(self, fn, params, inputs, *, batch_size: int | None = None):
-        self._init_model(fn, params, inputs, batch_size, "JacobianOp")
+    def __init__(self, fn, params, inputs, *, batch_size: int | None = None, mesh=None, axis: str = "data"):
+        self._init_model(fn, params, inputs, batch_size, "JacobianOp", mesh, axis)
 
     @property
     def shape(self):
@@ -145,7 +176,7 @@ class JacobianOp(_ModelOperator):
         def batch(xb):
             return jax.jvp(self._batch_fn(xb), (self.params,), (t,))[1]
 
-        return batched_map(batch, self.inputs, self.batch_size).reshape(-1)
+        return self._map(batch, self.inputs, self.batch_size).reshape(-1)
 
     def rmv(self, u):
         U = u.reshape(self.num_examples, self.num_outputs)
@@ -155,7 +186,7 @@ class JacobianOp(_ModelOperator):
             _, vjp = jax.vjp(self._batch_fn(xb), self.params)
             return _flat(vjp(ub.astype(self.dtype))[0])
 
-        return batched_sum(batch, (self.inputs, U), self.batch_size)
+        return self._sum(batch, (self.inputs, U), self.batch_size)
 
     def example(self, n: int) -> JacobianOp:
         """The rows ``J_n`` of example ``n`` (an ``O x P`` operator)."""
@@ -167,8 +198,8 @@ class _LikelihoodOperator(_ModelOperator):
     targets: object
     likelihood: Likelihood
 
-    def _init_lik(self, fn, params, inputs, targets, likelihood, batch_size, who):
-        self._init_model(fn, params, inputs, batch_size, who)
+    def _init_lik(self, fn, params, inputs, targets, likelihood, batch_size, who, mesh=None, axis="data"):
+        self._init_model(fn, params, inputs, batch_size, who, mesh, axis)
         if not isinstance(likelihood, Likelihood):
             raise TypeError(
                 f"{who}: likelihood must be a linops.likelihoods.Likelihood, got {type(likelihood).__name__}"
@@ -218,6 +249,9 @@ class GGNOp(_LikelihoodOperator):
         targets: targets with a leading example axis (shape set by the likelihood).
         likelihood: a `linops.likelihoods.Likelihood`.
         batch_size: examples per batch (default all).
+        mesh: a `jax.sharding.Mesh` to split the examples over (data parallel: each device streams
+            over its share in batches, and sums are reduced with ``psum``); None (default) for one device.
+        axis: the mesh axis the examples are split along (default ``"data"``).
 
     Example:
         >>> import jax.numpy as jnp, linops as lo
@@ -229,8 +263,9 @@ class GGNOp(_LikelihoodOperator):
                [3., 5.]], dtype=float32)
     """
 
-    def __init__(self, fn, params, inputs, targets, likelihood: Likelihood, *, batch_size: int | None = None):
-        self._init_lik(fn, params, inputs, targets, likelihood, batch_size, "GGNOp")
+    def __init__(self, fn, params, inputs, targets, likelihood: Likelihood, *, batch_size: int | None = None,
+                 mesh=None, axis: str = "data"):
+        self._init_lik(fn, params, inputs, targets, likelihood, batch_size, "GGNOp", mesh, axis)
 
     @property
     def shape(self):
@@ -248,7 +283,7 @@ class GGNOp(_LikelihoodOperator):
             xb, yb, lb = data
             return ggn_batch_product(self.fn, self.params, t, xb, yb, lb if axis == 0 else lik, axis)
 
-        return batched_sum(batch, self._data(), self.batch_size)
+        return self._sum(batch, self._data(), self.batch_size)
 
     rmv = mv
 
@@ -284,7 +319,7 @@ class GGNOp(_LikelihoodOperator):
             rows = jax.vmap(example)(xb, factors).reshape(-1, P)
             return rows.T @ rows
 
-        return batched_sum(batch, self._data(), chunk)
+        return self._sum(batch, self._data(), chunk)
 
     def _diag(self):
         def batch(data):
@@ -299,7 +334,7 @@ class GGNOp(_LikelihoodOperator):
 
             return jnp.sum(jax.vmap(example)(xb, factors), axis=0)
 
-        return batched_sum(batch, self._data(), max(1, self.batch_size // self.num_outputs))
+        return self._sum(batch, self._data(), max(1, self.batch_size // self.num_outputs))
 
 
 class LossJacobianOp(_LikelihoodOperator):
@@ -308,6 +343,7 @@ class LossJacobianOp(_LikelihoodOperator):
     $g_n = \partial \ell(f_n, y_n) / \partial f$ is the likelihood's output-space gradient at
     ``params``. Row ``n`` is the gradient of example ``n``'s loss. Used by the
     loss-projected posterior (one row per example, whatever ``O``).
+    ``batch_size``, ``mesh`` and ``axis`` are as for `GGNOp`.
 
     Example:
         >>> import jax.numpy as jnp, linops as lo
@@ -317,8 +353,9 @@ class LossJacobianOp(_LikelihoodOperator):
         Array([[-1., -2.]], dtype=float32)
     """
 
-    def __init__(self, fn, params, inputs, targets, likelihood: Likelihood, *, batch_size: int | None = None):
-        self._init_lik(fn, params, inputs, targets, likelihood, batch_size, "LossJacobianOp")
+    def __init__(self, fn, params, inputs, targets, likelihood: Likelihood, *, batch_size: int | None = None,
+                 mesh=None, axis: str = "data"):
+        self._init_lik(fn, params, inputs, targets, likelihood, batch_size, "LossJacobianOp", mesh, axis)
 
     @property
     def shape(self):
@@ -333,7 +370,7 @@ class LossJacobianOp(_LikelihoodOperator):
             g = self._per_example("grad", out, yb, lb)
             return jnp.sum(g * jv, axis=-1)
 
-        return batched_map(batch, self._data(), self.batch_size)
+        return self._map(batch, self._data(), self.batch_size)
 
     def rmv(self, u):
         def batch(data):
@@ -342,4 +379,4 @@ class LossJacobianOp(_LikelihoodOperator):
             g = self._per_example("grad", out, yb, lb)
             return _flat(vjp(ub[:, None].astype(g.dtype) * g)[0])
 
-        return batched_sum(batch, (self._data(), u), self.batch_size)
+        return self._sum(batch, (self._data(), u), self.batch_size)

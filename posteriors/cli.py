@@ -29,6 +29,7 @@ COMMANDS = {
     "subnetwork": "subnetwork inference: toy regression and rotated digits (figures 2 and 4)",
     "fsp": "FSP-Laplace: toy regression, two moons, Mauna Loa CO2 (figure 1, C.5-C.6, table 1)",
 }
+"""The commands of ``python -m posteriors``, with a line on what each reproduces."""
 
 
 def build_parser() -> argparse.ArgumentParser:

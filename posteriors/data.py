@@ -78,6 +78,7 @@ def digits() -> tuple[np.ndarray, np.ndarray]:
 
 
 IMAGE_DATASETS = {"mnist": mnist, "digits": digits}
+"""The image datasets `load_images` knows, by name: ``{"mnist": mnist, "digits": digits}``."""
 
 
 def load_images(name: str) -> tuple[np.ndarray, np.ndarray]:

@@ -28,6 +28,7 @@ from linops.likelihoods import Bernoulli, Categorical, Gaussian
 from linops.memory import check_fits
 from linops.models import ravel
 from posteriors.gaussian import GaussianPosterior, LowRankPosterior
+from posteriors.laplace_family import LaplacePosterior
 
 
 def _parts(post):
@@ -46,6 +47,13 @@ def _jacobian_rows(fn, params, X):
 
     rows = jax.vmap(example)(X)
     return rows.reshape(-1, rows.shape[-1])
+
+
+def _quadratic_rows(post, J):
+    """``diag(J Σ Jᵀ)`` from a Laplace structure's own accurate form, or None."""
+    if not isinstance(post, LaplacePosterior) or post.subset is not None:
+        return None
+    return post.ggn.quadratic_rows(J, post.prior_precision, post.noise_scale, post.factor)
 
 
 def _batches(X, batch_size):
@@ -103,6 +111,9 @@ def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False
     parts = []
     for Xb in _batches(inputs, batch_size):
         J = _jacobian_rows(fn, params, Xb)
+        if not output_covariance and (exact := _quadratic_rows(post, J)) is not None:
+            parts.append(exact)  # the structure's own form (e.g. low rank without cancellation)
+            continue
         SJ = cov.mm(J.T).T  # rows of J Sigma
         if output_covariance:
             B = Xb.shape[0]

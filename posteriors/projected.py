@@ -44,10 +44,15 @@ class ProjectedPosterior(GaussianPosterior):
         """$\\alpha^{-1}\\Pi$, a lazy PSD operator."""
         return lo.Scaled(1.0 / self.prior_precision, self.projection, nonnegative=True)
 
-    def sample(self, key: jax.Array, n: int) -> jax.Array:
-        """``n`` flat parameter samples, shape ``(n, P)`` (all projected in one batched run)."""
+    def sample(self, key: jax.Array, n: int, *, mesh=None, axis: str = "data") -> jax.Array:
+        """``n`` flat parameter samples, shape ``(n, P)`` (all projected in one batched run).
+
+        With a ``mesh`` (a `jax.sharding.Mesh`), the samples are projected in parallel, split over its
+        devices along ``axis`` (`linops.sharded_mm`); they equal the single-device samples of the same key.
+        """
         eps = jax.random.normal(key, (self.mean.shape[0], n), self.mean.dtype)
-        return self.mean[None, :] + (self.projection @ eps).T / jnp.sqrt(self.prior_precision)
+        projected = self.projection @ eps if mesh is None else lo.sharded_mm(self.projection, eps, mesh, axis)
+        return self.mean[None, :] + projected.T / jnp.sqrt(self.prior_precision)
 
     def trace_samples(self) -> jax.Array:
         r"""The ``k`` samples the trace estimate already paid for, shape ``(k, P)``.

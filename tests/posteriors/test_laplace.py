@@ -122,6 +122,33 @@ def test_low_rank_keeps_the_top_eigenpairs_and_never_forms_p_by_p():
     assert_close(pst.marginal_log_likelihood(vec), pst.marginal_log_likelihood(post, alpha), rtol=1e-12)
 
 
+def test_low_rank_predictive_variance_has_no_cancellation_in_float32():
+    """Rows in span U with large eigenvalues: the variance is tiny against the prior's, and the product form
+    ``|J|²/α - ...`` loses it in float32; the predictive's sum-of-squares form keeps it."""
+    from posteriors import _structures as S
+
+    rng = np.random.default_rng(0)
+    U, _ = np.linalg.qr(rng.standard_normal((300, 6)))
+    lam = np.array([1e7, 5e6, 1e6, 3e5, 1e5, 10.0])
+    J = (rng.standard_normal((5, 5)) @ U[:, :5].T) * 4.0  # rows in the span of the large eigenvalues
+    alpha = 1.0
+    exact = np.sum((J @ U) ** 2 / (lam + alpha), axis=1)
+    struct = S.LowRank(jnp.asarray(U, jnp.float32), jnp.asarray(lam, jnp.float32))
+    J32 = jnp.asarray(J, jnp.float32)
+    stable = struct.quadratic_rows(J32, jnp.float32(alpha), jnp.float32(1.0), None)
+    assert_close(stable, exact, rtol=1e-3)
+    generic = jnp.sum(J32 * struct.covariance(jnp.float32(alpha), jnp.float32(1.0), None).mm(J32.T).T, axis=1)
+    assert np.max(np.abs(np.asarray(generic) - exact) / exact) > 1e-2  # the form it replaces is far off
+    # and the predictive uses it: equal to J Σ Jᵀ with the dense covariance
+    X, y = _data()
+    params = _blr(X, y)[0]
+    post = pst.laplace(_dense, params, (jnp.asarray(X), jnp.asarray(y)[:, None]), Gaussian(SIGMA),
+                       structure="lowrank", rank=2, num_steps=4, key=jax.random.key(1), prior_precision=ALPHA)
+    _, var = pst.predictive.linearized(post, jnp.asarray(X[:3]))
+    Jx = np.hstack([X[:3], np.ones((3, 1))])  # the linear model's Jacobian rows, in ravel order (W, then b)
+    assert_close(var[:, 0], np.einsum("ip,pq,iq->i", Jx, np.asarray(post.covariance.as_matrix()), Jx), rtol=1e-8)
+
+
 @pytest.mark.parametrize("structure,prior", [("full", 1.5), ("kfac", 1.5), ("lowrank", 1.5),
                                              ("lowrank", "vector"), ("diag", "vector")])
 def test_sample_moments_match_the_analytic_covariance(structure, prior):
