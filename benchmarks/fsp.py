@@ -524,9 +524,10 @@ def fsp_problem(prob, cfg, *, events, budget_s, min_rounds, log):
         "reference: L Lᵀ v0 from the dense K_CC vs from KernelGramOp (rel err)": rel_err(
             L_dense @ (L_dense.T @ v0), L @ (L.T @ v0)),
     }
-    # float32, two orderings of the same products and eigendecompositions: 1.02e-3 measured with the current
-    # jax / jaxlib on the quick problem (also on the commit before this check's tolerance changed), so 2e-3.
-    assert checks["covariance Σ Z (8 probes) vs fsp_laplace (rel err)"] <= 2e-3, checks
+    # float32, two orderings of the same products and eigendecompositions: 1.0e-3 and 2.3e-3 measured on the two
+    # quick problems with the current jax / jaxlib (the commit before this change fails 1e-3 identically), so 5e-3;
+    # the predictive variance, the posterior's output, is held to 1e-3 below.
+    assert checks["covariance Σ Z (8 probes) vs fsp_laplace (rel err)"] <= 5e-3, checks
     assert checks["predictive variance on the test grid vs fsp_laplace (rel err)"] <= 1e-3, checks
 
     # Steady state: the steps and fsp_laplace, interleaved.
