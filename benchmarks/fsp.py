@@ -58,7 +58,7 @@ from linops.models import from_equinox, ravel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ggn import ratio_stats  # noqa: E402
-from overhead import CompileEvents, machine_info, rel_err  # noqa: E402
+from overhead import CompileEvents, load_average, machine_info, rel_err  # noqa: E402
 
 DTYPE = jnp.float32
 RTOL_FSP = 1e-6  # fsp_laplace's default relative cut-off
@@ -766,13 +766,6 @@ def markdown(report) -> str:
 # --- main --------------------------------------------------------------------------------
 
 
-def _loadavg():
-    try:
-        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:  # pragma: no cover
-        return None
-
-
 def config_for(quick: bool, kernel_lanczos_n: int | None):
     if quick:
         cfg = {
@@ -816,7 +809,7 @@ def main(argv=None):
     if available is not None:
         dense_limit = min(dense_limit, available // 2)
 
-    load_start = _loadavg()
+    load_start = load_average()
     events = CompileEvents()
     log = lambda s: print(s, flush=True)  # noqa: E731
     log(f"jax {jax.__version__} on {jax.default_backend()}, {os.cpu_count()} CPUs; ~{budget:.0f}s of rounds per "
@@ -875,7 +868,7 @@ def main(argv=None):
     machine = machine_info()
     machine.update({"matfree": importlib.metadata.version("matfree"), "optax": optax.__version__,
                     "scikit-learn": sklearn.__version__, "load average at start (1/5/15 min)": load_start,
-                    "load average at end (1/5/15 min)": _loadavg()})
+                    "load average at end (1/5/15 min)": load_average()})
     argv_str = " ".join(["python", "benchmarks/fsp.py"] + (sys.argv[1:] if argv is None else list(argv)))
     report = {
         "benchmark": "fsp",

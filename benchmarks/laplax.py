@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -77,7 +76,7 @@ from linops.models import from_equinox, ravel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ggn import memory_report, ratio_stats  # noqa: E402
-from overhead import machine_info, rel_err  # noqa: E402
+from overhead import load_average, machine_info, rel_err  # noqa: E402
 
 ALPHA = 1.0  # prior precision
 TOL = {"ggn": 1e-5, "posterior variance": 1e-4, "mean": 1e-5, "variance": 1e-4}
@@ -375,13 +374,6 @@ def markdown(report):
     return "\n".join(lines)
 
 
-def _loadavg():
-    try:
-        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:  # pragma: no cover
-        return None
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fast smoke run (tiny model)")
@@ -416,11 +408,11 @@ def main(argv=None):
 
     t_start = time.perf_counter()
     log = lambda s: print(f"[{time.perf_counter() - t_start:6.1f}s] {s}", flush=True)  # noqa: E731
-    load_start = _loadavg()
+    load_start = load_average()
     result = run(cfg, L, log)
     machine = machine_info()
     machine.update({"laplax": L["version"], "load average at start (1/5/15 min)": load_start,
-                    "load average at end (1/5/15 min)": _loadavg()})
+                    "load average at end (1/5/15 min)": load_average()})
     report = {
         "benchmark": "laplax",
         "command": " ".join(["python", "benchmarks/laplax.py"] + (sys.argv[1:] if argv is None else list(argv))),

@@ -317,6 +317,14 @@ def run_case(expr_name, size, *, repeats, min_repeats, budget_s, events, log):
 # --- report ------------------------------------------------------------------------------
 
 
+def load_average():
+    """The 1/5/15-minute load averages as ``"a / b / c"`` (None where the OS has none)."""
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:  # pragma: no cover
+        return None
+
+
 def machine_info():
     import equinox
 
