@@ -30,6 +30,7 @@ from jax import lax
 
 from linops import _tags
 from linops._base import LinearOperator, describe, new_key
+from linops._batching import check_mesh
 from linops._cg import cg
 from linops._nn import _check_model
 from linops._projector import gram_factor
@@ -94,6 +95,22 @@ class AlternatingProjectionOp(LinearOperator):
             `stores_linearization` says which was chosen.
         progress: print the sweep count and residual to stderr as the iteration runs (off by
             default; it adds a host callback per sweep).
+        mesh: a `jax.sharding.Mesh` to split the batches over along ``axis`` (default None: one
+            device). Each device builds the Grams, factors and linearisations of its own batches and
+            keeps them: they are stored split over the devices, never gathered on one. When the
+            batches do not split evenly, the last batch is repeated (its projector is idempotent,
+            so the projection is unchanged).
+        axis: the mesh axis the batches are split along (default ``"data"``).
+        split_sweeps: with a mesh, how a sweep runs. False (default): the sweep is the same
+            product $Q_B \cdots Q_1$ as on one device (identical results); XLA moves each
+            batch's factors to the vector as the scan reaches them. True: each device sweeps its
+            own batches, on its own factors, and the results are averaged (``psum``):
+            $\bar T = \frac1D \sum_d T_d$ with $T_d$ device $d$'s symmetric sweep. Every $T_d$
+            is symmetric PSD with eigenvalue 1 exactly on $\ker M_d \supseteq \ker M$, so $\bar T$
+            is too, with eigenvalue 1 exactly on $\ker M$, and CG converges to the same projector;
+            but a product of projectors depends on its order and an average of shorter products
+            contracts less than the full product, so it takes more sweeps, each costing $1/D$ of
+            one (`benchmarks/scaling.py` measures both).
 
     Example:
         >>> import jax.numpy as jnp, linops as lo
@@ -118,10 +135,14 @@ class AlternatingProjectionOp(LinearOperator):
     max_sweeps: int = eqx.field(static=True)
     rtol: float = eqx.field(static=True)
     progress: bool = eqx.field(static=True)
+    mesh: object = eqx.field(static=True)
+    axis: str = eqx.field(static=True)
+    split_sweeps: bool = eqx.field(static=True)
     uid: int = eqx.field(static=True)
 
     def __init__(self, params, data, forward, backward, rows, num_rows, size, dtype, to_tree, to_flat, *,
-                 method="cg", max_sweeps=500, rtol=None, cutoff=None, store_linearization=None, progress=False):
+                 method="cg", max_sweeps=500, rtol=None, cutoff=None, store_linearization=None, progress=False,
+                 mesh=None, axis="data", split_sweeps=False):
         # Internal: use `from_jacobian`, `from_loss_jacobian` or `from_matrix`.
         #
         # ``forward(params, data_b, t) -> (R,)`` is $M_b t$ for a tangent ``t`` in the parameters'
@@ -134,6 +155,18 @@ class AlternatingProjectionOp(LinearOperator):
         if store_linearization not in (None, True, False):
             raise ValueError("AlternatingProjectionOp: store_linearization must be None, True or False, "
                              f"got {store_linearization!r}")
+        self.mesh, self.axis = check_mesh(mesh, axis, "AlternatingProjectionOp")
+        if split_sweeps not in (True, False):
+            raise ValueError(f"AlternatingProjectionOp: split_sweeps must be True or False, got {split_sweeps!r}")
+        if split_sweeps and mesh is None:
+            raise ValueError("AlternatingProjectionOp: split_sweeps=True splits the batch sequence over the "
+                             "devices of a mesh: pass mesh=")
+        self.split_sweeps = bool(split_sweeps)
+        if mesh is not None:  # a whole number of batches per device: repeat the last batch (Q_B Q_B = Q_B)
+            count = jax.tree_util.tree_leaves(data)[0].shape[0]
+            devices = mesh.shape[axis]
+            idx = np.minimum(np.arange(-(-count // devices) * devices), count - 1)
+            data = jax.tree_util.tree_map(lambda a: a[idx], data)
         self.params, self.data, self.forward, self.backward = params, data, forward, backward
         self.to_tree, self.to_flat = to_tree, to_flat
         self.size, self.dtype_ = int(size), np.dtype(dtype)
@@ -161,14 +194,26 @@ class AlternatingProjectionOp(LinearOperator):
                        hint + ", or store_linearization=False (recompute the forward pass in every sweep)")
 
         def gram(data_b):
-            stored, recipe = self._linearize(data_b, found)
+            stored, recipe = self._linearize(data_b, {})  # the recipe is the one traced above, outside any mesh
             linear = _rebuild(recipe, params, data_b, stored)
             # The Gram M_b M_b^T = M_b (rows of M_b): per-example reverse passes, then forward mode.
             return jax.vmap(linear)(rows(params, data_b)), (tuple(stored) if store else ())
 
-        grams, self.stored = lax.map(gram, data)
-        # A separate loop: an eigendecomposition inside the loop above slows its products ~1.7x on CPU.
-        self.W = lax.map(lambda g: gram_factor(g, (num_rows, self.size), cutoff)[0], grams)
+        def factors(data):
+            grams, stored = lax.map(gram, data)
+            # A separate loop: an eigendecomposition inside the loop above slows its products ~1.7x on CPU.
+            return lax.map(lambda g: gram_factor(g, (num_rows, self.size), cutoff)[0], grams), stored
+
+        if mesh is None:
+            self.W, self.stored = factors(data)
+        else:  # each device factors its own batches, and keeps them
+            from jax.sharding import NamedSharding, PartitionSpec
+
+            split = PartitionSpec(axis)
+            sharded = jax.shard_map(factors, mesh=mesh, in_specs=(_specs(data, split),), out_specs=split,
+                                    check_vma=False)(data)
+            self.W, self.stored = jax.device_put(sharded, NamedSharding(mesh, split))
+            self.data = jax.device_put(data, NamedSharding(mesh, split))
         self.recipe = found["recipe"] if store else None
         self.method, self.max_sweeps = method, int(max_sweeps)
         default = float(np.finfo(self.dtype_).eps ** (2 / 3)) if method == "cg" else 0.0
@@ -323,16 +368,36 @@ class AlternatingProjectionOp(LinearOperator):
         return _sweep_jit(self, v)
 
     def _sweep(self, v):
+        if self.split_sweeps:
+            return self._averaged(lambda t, batches: self._scan(t, batches), v)
         return self.to_flat(self._scan(self.to_tree(v), self._batches()))
+
+    def _averaged(self, local_sweep, v):
+        r"""$\frac1D \sum_d$ ``local_sweep`` (device $d$'s batches) $v$: each device on its own factors."""
+        from jax.sharding import PartitionSpec
+
+        devices = self.mesh.shape[self.axis]
+
+        def local(batches):
+            return lax.psum(self.to_flat(local_sweep(self.to_tree(v), batches)), self.axis) / devices
+
+        batches = self._batches()
+        return jax.shard_map(local, mesh=self.mesh, in_specs=(_specs(batches, PartitionSpec(self.axis)),),
+                             out_specs=PartitionSpec(), check_vma=False)(batches)
 
     def symmetric_sweep(self, v):
         """$Q_1 \\cdots Q_{B-1} Q_B Q_{B-1} \\cdots Q_1 v$ (symmetric PSD; compiled once per operator)."""
         return _symmetric_sweep_jit(self, v)
 
     def _symmetric_sweep(self, v):
-        t = self._scan(self.to_tree(v), self._batches())
-        rest = jax.tree_util.tree_map(lambda a: a[:-1], self._batches())
-        return self.to_flat(self._scan(t, rest, reverse=True))
+        if self.split_sweeps:
+            return self._averaged(self._symmetric_scan, v)
+        return self.to_flat(self._symmetric_scan(self.to_tree(v), self._batches()))
+
+    def _symmetric_scan(self, t, batches):
+        t = self._scan(t, batches)
+        rest = jax.tree_util.tree_map(lambda a: a[:-1], batches)
+        return self._scan(t, rest, reverse=True)
 
     def _kernel_norm(self, v):
         t = self.to_tree(v)
@@ -416,6 +481,10 @@ _PATIENCE = 50  # CG steps without a new smallest residual before the projection
 
 def _identity(x):
     return x
+
+
+def _specs(tree, spec):
+    return jax.tree_util.tree_map(lambda _: spec, tree)
 
 
 def _flatten(tree):

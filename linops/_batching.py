@@ -53,6 +53,19 @@ def batched_map(fn, data, batch_size: int):
     return jax.tree_util.tree_map(lambda *a: jnp.concatenate(a, axis=0), *parts)
 
 
+def check_mesh(mesh, axis, who):
+    """``(mesh, axis)`` checked: a `jax.sharding.Mesh` with that axis, or ``(None, axis)``."""
+    if mesh is None:
+        return None, axis
+    from jax.sharding import Mesh
+
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"{who}: mesh must be a jax.sharding.Mesh (or None), got {type(mesh).__name__}")
+    if axis not in mesh.axis_names:
+        raise ValueError(f"{who}: mesh has axes {tuple(mesh.axis_names)}; the example axis {axis!r} is not one of them")
+    return mesh, axis
+
+
 def _even_split(data, devices: int):
     """The leading examples that split evenly over ``devices``, and the rest (or None)."""
     n = num_examples(data)

@@ -28,7 +28,7 @@ import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 
-from linops._batching import batched_sum, num_examples
+from linops._batching import batched_sum, check_mesh, num_examples, sharded_sum
 from linops._nn import _check_batch_size, _check_model
 from linops.likelihoods import Likelihood
 
@@ -120,7 +120,8 @@ class KFAC(eqx.Module):
     num_examples: int = eqx.field(static=True)
 
 
-def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, batch_size: int | None = None) -> KFAC:
+def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, batch_size: int | None = None,
+         mesh=None, axis: str = "data") -> KFAC:
     r"""KFAC factors of the GGN of ``fn`` at ``params`` over the data: one pass over the batches.
 
     Args:
@@ -131,6 +132,9 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, batch
         targets: targets with a leading example axis.
         likelihood: a `linops.likelihoods.Likelihood` (its Hessian factor gives the rows).
         batch_size: examples per batch (default all; the short last batch counts).
+        mesh: a `jax.sharding.Mesh` to split the examples over: each device sums the factors of its
+            share and the partial sums are ``psum``-reduced (as for `GGNOp`); None: one device.
+        axis: the mesh axis the examples are split along (default ``"data"``).
 
     Example:
         >>> import jax, jax.numpy as jnp, linops as lo
@@ -147,6 +151,7 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, batch
     """
     who = "kfac"
     _check_batch_size(batch_size, who)
+    mesh, axis = check_mesh(mesh, axis, who)
     n, _ = _check_model(fn, params, inputs, who)
     if not isinstance(likelihood, Likelihood):
         raise TypeError(f"{who}: likelihood must be a linops.likelihoods.Likelihood, got {type(likelihood).__name__}")
@@ -190,7 +195,11 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, batch
         Bs, As = jax.vmap(example, in_axes=(0, 0, 0 if lb is not None else None))(xb, yb, lb)
         return [b.sum(0) for b in Bs], [a.sum(0) for a in As]
 
-    Bs, As = batched_sum(batch, (inputs, targets, lik), n if batch_size is None else batch_size)
+    size = n if batch_size is None else batch_size
+    if mesh is None:
+        Bs, As = batched_sum(batch, (inputs, targets, lik), size)
+    else:
+        Bs, As = sharded_sum(batch, (inputs, targets, lik), size, mesh, axis)
     factors = tuple((B, A / n) if L.weight_first else (A / n, B) for L, A, B in zip(layers, As, Bs, strict=True))
     bias_blocks = tuple(B if L.bias is not None else None for L, B in zip(layers, Bs, strict=True))
     used = {L.weight for L in layers} | {L.bias for L in layers if L.bias is not None}

@@ -18,6 +18,7 @@ import numpy as np
 from linops import _tags
 from linops._base import LinearOperator, new_key
 from linops._batching import batched_map, batched_sum, num_examples, sharded_map, sharded_sum
+from linops._batching import check_mesh as _check_mesh
 from linops.likelihoods import Likelihood
 from linops.models import ravel
 
@@ -46,19 +47,6 @@ def _check_model(fn, params, inputs, who):
         shape = getattr(out, "shape", type(out).__name__)
         raise ValueError(f"{who}: fn(params, x) must return one example's outputs of shape (O,), got {shape}")
     return n, out.shape[0]
-
-
-def _check_mesh(mesh, axis, who):
-    """``(mesh, axis)`` checked: a `jax.sharding.Mesh` with that axis, or ``(None, axis)``."""
-    if mesh is None:
-        return None, axis
-    from jax.sharding import Mesh
-
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"{who}: mesh must be a jax.sharding.Mesh (or None), got {type(mesh).__name__}")
-    if axis not in mesh.axis_names:
-        raise ValueError(f"{who}: mesh has axes {tuple(mesh.axis_names)}; the example axis {axis!r} is not one of them")
-    return mesh, axis
 
 
 def _check_batch_size(batch_size, who):

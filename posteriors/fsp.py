@@ -273,12 +273,12 @@ def _cutoff(values, rtol):
 
 
 @eqx.filter_jit
-def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, context_batch_size, rtol):
+def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, context_batch_size, rtol, mesh=None):
     flat, _ = ravel(params)
     dtype = flat.dtype
     eps = float(np.finfo(dtype).eps)
-    J = lo.JacobianOp(fn, params, C, batch_size=context_batch_size)
-    K = lo.KernelGramOp(kernel, C.astype(dtype))
+    J = lo.JacobianOp(fn, params, C, batch_size=context_batch_size, mesh=mesh)
+    K = lo.KernelGramOp(kernel, C.astype(dtype), mesh=mesh)
     # 1. Lanczos on K_CC from J(C) 1, and L with L L^T = K^+ on the Krylov space.
     v0 = J @ jnp.ones_like(flat)
     run = lo.lanczos(K, num_steps, v0=v0, restart=True)
@@ -290,7 +290,7 @@ def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, 
     U_M = U_M * keep[None, :]
     D_M = jnp.where(keep, D_M, 0.0)
     # 4.-5. A = D^2 + U^T G U by GGN products, and its eigendecomposition (ascending).
-    G = lo.GGNOp(fn, params, X, Y, likelihood, batch_size=batch_size)
+    G = lo.GGNOp(fn, params, X, Y, likelihood, batch_size=batch_size, mesh=mesh)
     A = jnp.diag(D_M**2) + U_M.T @ (G @ U_M)
     D_A, U_A = jnp.linalg.eigh((A + A.T) / 2)
     inv = jnp.where(_cutoff(D_A, rtol), 1.0 / jnp.where(D_A > 0, D_A, 1.0), 0.0)
@@ -311,7 +311,7 @@ def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, 
 
 def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likelihood, rank: int | None = None,
                 batch_size: int | None = None, context_batch_size: int | None = None,
-                rtol: float = 1e-6) -> FSPLaplacePosterior:
+                rtol: float = 1e-6, mesh=None) -> FSPLaplacePosterior:
     r"""The FSP-Laplace posterior (algorithm 2): a GP prior at context points, matrix-free.
 
     Args:
@@ -330,6 +330,10 @@ def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likeliho
             approximation (float32 cannot resolve a kernel spectrum much below $10^{-6}$ of its
             top); a smaller value in float64 keeps more prior directions, which mostly changes
             the variance away from the context points.
+        mesh: a `jax.sharding.Mesh` with a ``"data"`` axis: the GGN products split the training
+            examples over its devices, the context Jacobian its context points and the kernel Gram
+            its row tiles (`linops.GGNOp`, `linops.JacobianOp`, `linops.kernels.KernelGramOp`); the
+            result equals the single-device one to float round-off.
 
     Returns:
         An `FSPLaplacePosterior`.
@@ -370,7 +374,7 @@ def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likeliho
         raise ValueError(f"{who}: rank {rank} needs at least that many context outputs, but {C.shape[0]} context "
                          f"points x {num_outputs} outputs give {n}: add context points or lower the rank")
     V, d, info = _algorithm2(fn, params, X, Y, C, kernel, likelihood, int(rank), batch_size, context_batch_size,
-                             rtol)
+                             rtol, mesh)
     return FSPLaplacePosterior(fn, params, V, d, prior, info, batch_size=context_batch_size)
 
 

@@ -239,7 +239,7 @@ def _fit(structure, fn, params, X, Y, likelihood, batch_size, rank, num_steps, k
         low = lo.LanczosLowRankOp(G, rank, key, num_steps=num_steps)
         return S.LowRank(low.U, low.d)
     # kfac
-    K = lo.kfac(fn, params, X, Y, likelihood, batch_size=batch_size)
+    K = lo.kfac(fn, params, X, Y, likelihood, batch_size=batch_size, mesh=mesh)
     leaves = jax.tree_util.tree_leaves(params)
     if K.other_leaves and kfac_fallback != "diag":
         names = [_path_string(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
@@ -289,8 +289,8 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
         kfac_fallback: ``"diag"`` gives parameters outside any dense layer the exact GGN diagonal
             under ``"kfac"`` (default: refuse them).
         mesh: a `jax.sharding.Mesh` with a ``"data"`` axis: the GGN computations split the examples
-            over its devices (`linops.GGNOp`'s ``mesh``); the result equals the single-device one.
-            Not available for ``"kfac"`` yet.
+            over its devices (`linops.GGNOp`'s and `linops.kfac`'s ``mesh``); the result equals the
+            single-device one.
 
     Returns:
         A `LaplacePosterior`.
@@ -315,9 +315,6 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
         raise ValueError(f"{who}: data must be an (inputs, targets) pair")
     if kfac_fallback not in (None, "diag"):
         raise ValueError(f"{who}: kfac_fallback must be None or 'diag', got {kfac_fallback!r}")
-    if mesh is not None and structure == "kfac":
-        raise ValueError(f"{who}(structure='kfac'): the Kronecker factors are not computed on a mesh yet; "
-                         "drop mesh= or choose 'full', 'diag', 'lowrank' or 'last_layer'")
     flat, unravel = ravel(params)
     if not isinstance(flat, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(flat))):
         raise ValueError(f"{who}: params contain non-finite values")

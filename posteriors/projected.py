@@ -49,9 +49,14 @@ class ProjectedPosterior(GaussianPosterior):
 
         With a ``mesh`` (a `jax.sharding.Mesh`), the samples are projected in parallel, split over its
         devices along ``axis`` (`linops.sharded_mm`); they equal the single-device samples of the same key.
+        (A projection built with ``split_sweeps=True`` already spreads each sweep over its mesh, and
+        ignores this ``mesh``.)
         """
         eps = jax.random.normal(key, (self.mean.shape[0], n), self.mean.dtype)
-        projected = self.projection @ eps if mesh is None else lo.sharded_mm(self.projection, eps, mesh, axis)
+        if mesh is None or self.projection.split_sweeps:  # a split projection already runs on its devices
+            projected = self.projection @ eps
+        else:
+            projected = lo.sharded_mm(self.projection, eps, mesh, axis)
         return self.mean[None, :] + projected.T / jnp.sqrt(self.prior_precision)
 
     def trace_samples(self) -> jax.Array:
@@ -140,7 +145,8 @@ def projected_posterior(fn, params, data, *, batch_size: int, prior_precision=1.
         prior_precision: a positive number, or ``"optimal"`` ($r/\|\theta^*\|^2$, needs ``key``).
         num_trace_samples: Hutchinson samples for $\operatorname{Tr}\Pi$.
         projection_options: ``method``, ``max_sweeps``, ``rtol``, ``cutoff``, ``store_linearization``,
-            ``progress`` of `AlternatingProjectionOp`.
+            ``progress``, and ``mesh``, ``axis``, ``split_sweeps`` (the batches' factors built and kept on
+            the devices of a mesh) of `AlternatingProjectionOp`.
 
     Example:
         >>> import jax, jax.numpy as jnp

@@ -286,7 +286,7 @@ def size_for_memory(memory_bytes: int, *, dtype=jnp.float32) -> int:
 
 
 def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Subnetwork, prior_precision=1.0, *,
-                       rescale_prior: bool = True, batch_size: int | None = None) -> LaplacePosterior:
+                       rescale_prior: bool = True, batch_size: int | None = None, mesh=None) -> LaplacePosterior:
     r"""Laplace over a subnetwork: covariance $E_s (E_s^\top G E_s + \lambda_S I)^{-1} E_s^\top$.
 
     $E_s^\top G E_s$ is the dense GGN of the model restricted to the subset
@@ -304,6 +304,8 @@ def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Sub
         rescale_prior: use $\lambda_S = \lambda S/P$ (appendix C: it keeps the magnitude of the
             implied tangent kernel); ``False`` keeps $\lambda$.
         batch_size: examples per batch of the GGN.
+        mesh: a `jax.sharding.Mesh` with a ``"data"`` axis: the subnetwork's GGN splits the examples
+            over its devices (`linops.GGNOp`); the result equals the single-device one.
 
     Returns:
         A `LaplacePosterior` with ``structure="subnetwork"``: the same interface as every other
@@ -344,7 +346,7 @@ def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Sub
     X, Y = data
     indices = np.asarray(subnetwork.indices)
     fn_S, theta_S = restrict(fn, params, indices)
-    G = lo.GGNOp(fn_S, theta_S, X, Y, likelihood, batch_size=batch_size).as_matrix()
+    G = lo.GGNOp(fn_S, theta_S, X, Y, likelihood, batch_size=batch_size, mesh=mesh).as_matrix()
     ggn = S.Full(G)
     alpha = _canonical_prior(prior_precision, params, jnp.asarray(indices), "subnetwork", ggn, who)
     if rescale_prior:

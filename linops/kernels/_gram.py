@@ -10,6 +10,7 @@ from jax import lax
 
 from linops import _tags
 from linops._base import LinearOperator, new_key
+from linops._batching import check_mesh
 from linops.kernels._base import Kernel, _check_inputs
 from linops.memory import check_fits
 
@@ -32,6 +33,12 @@ class KernelGramOp(LinearOperator):
     $(bO) \times (mO)$ block: a `Coregionalized` kernel applies $B$ to one tile's product and a
     shared `Independent` kernel uses one tile for every output.
 
+    With a ``mesh`` (a `jax.sharding.Mesh`), the row tiles are split over its devices along ``axis``:
+    each device forms and applies its own tiles (the inputs and the vectors are replicated), and a
+    product's rows come back split the same way; the transposed product of a cross-covariance sums
+    each device's part with ``psum``. Results equal the single-device ones to float round-off; when the
+    tiles do not split evenly, the last devices repeat a tile whose rows are then dropped.
+
     Example:
         >>> import jax.numpy as jnp, linops as lo
         >>> from linops.kernels import RBF, KernelGramOp
@@ -50,9 +57,11 @@ class KernelGramOp(LinearOperator):
     X: jax.Array
     X2: jax.Array | None
     block_size: int = eqx.field(static=True)
+    mesh: object = eqx.field(static=True)
+    axis: str = eqx.field(static=True)
     uid: int = eqx.field(static=True)
 
-    def __init__(self, kernel: Kernel, X, X2=None, *, block_size: int | None = None):
+    def __init__(self, kernel: Kernel, X, X2=None, *, block_size: int | None = None, mesh=None, axis: str = "data"):
         if not isinstance(kernel, Kernel):
             raise TypeError(f"KernelGramOp: kernel must be a linops.kernels.Kernel, got {type(kernel).__name__}")
         X = _check_inputs(X, "KernelGramOp")
@@ -70,6 +79,7 @@ class KernelGramOp(LinearOperator):
             raise ValueError(f"KernelGramOp: block_size must be a positive integer, got {block_size!r}")
         self.kernel, self.X, self.X2 = kernel, X, X2
         self.block_size = int(min(block_size, X.shape[0]))
+        self.mesh, self.axis = check_mesh(mesh, axis, "KernelGramOp")
         self.uid = new_key()
 
     @property
@@ -86,9 +96,12 @@ class KernelGramOp(LinearOperator):
         return _tags.close({_tags.psd} if self.X2 is None else set(), self.shape)
 
     def _blocks(self):
-        """Row blocks of X, padded with its last rows to a whole number of blocks."""
+        """Row blocks of X, padded with its last rows to a whole number of blocks (and of blocks per device)."""
         n, b = self.X.shape[0], self.block_size
         count = -(-n // b)
+        if self.mesh is not None:
+            devices = self.mesh.shape[self.axis]
+            count = -(-count // devices) * devices
         idx = np.minimum(np.arange(count * b), n - 1).reshape(count, b)
         starts = np.arange(count) * b
         return self.X[idx], jnp.asarray(starts)
@@ -109,8 +122,20 @@ class KernelGramOp(LinearOperator):
         blocks, starts = self._blocks()
         # Checkpointed: reverse mode recomputes each tile instead of keeping all of them (n x m).
         block = jax.checkpoint(lambda a: self._block_mm(a[0], a[1], V.reshape(m, n_out, -1)))
-        out = lax.map(block, (blocks, starts))
+        out = self._tiles(lambda tiles: lax.map(block, tiles), (blocks, starts))
         return out.reshape(-1, V.shape[1])[: self.shape[0]]
+
+    def _tiles(self, fn, tiles, reduce=False):
+        """``fn`` over the stacked tiles: here, or with the tiles split over the mesh's devices (outputs
+        split the same way, or ``psum``-reduced when ``reduce``)."""
+        if self.mesh is None:
+            return fn(tiles)
+        from jax.sharding import PartitionSpec
+
+        split = PartitionSpec(self.axis)
+        local = (lambda t: lax.psum(fn(t), self.axis)) if reduce else fn
+        return jax.shard_map(local, mesh=self.mesh, in_specs=(jax.tree_util.tree_map(lambda _: split, tiles),),
+                             out_specs=PartitionSpec() if reduce else split, check_vma=False)(tiles)
 
     def mv(self, v):
         return self.mm(v[:, None])[:, 0]
@@ -133,7 +158,8 @@ class KernelGramOp(LinearOperator):
             return acc + contribution, None
 
         init = jnp.zeros((m, n_out, k), self.dtype)
-        return lax.scan(step, init, (blocks, starts, Ub))[0].reshape(m * n_out, k)
+        total = self._tiles(lambda tiles: lax.scan(step, init, tiles)[0], (blocks, starts, Ub), reduce=True)
+        return total.reshape(m * n_out, k)
 
     def rmv(self, u):
         return self.rmm(u[:, None])[:, 0]
@@ -141,7 +167,7 @@ class KernelGramOp(LinearOperator):
     def transpose(self):
         if self.X2 is None:
             return self
-        return KernelGramOp(self.kernel, self.X2, self.X, block_size=self.block_size)
+        return KernelGramOp(self.kernel, self.X2, self.X, block_size=self.block_size, mesh=self.mesh, axis=self.axis)
 
     def as_matrix(self):
         n, m = self.shape
@@ -149,8 +175,8 @@ class KernelGramOp(LinearOperator):
                    "apply the operator to vectors (K @ v) instead")
         blocks, starts = self._blocks()
         cols = self._columns()
-        tiles = lax.map(lambda a: self.kernel._block(a[0], cols, self._offset(a[1])).astype(self.dtype),
-                        (blocks, starts))
+        tiles = self._tiles(lambda t: lax.map(lambda a: self.kernel._block(a[0], cols, self._offset(a[1]))
+                                              .astype(self.dtype), t), (blocks, starts))
         return tiles.reshape(-1, m)[:n]
 
     def _diag(self):

@@ -100,7 +100,7 @@ def test_a_mesh_without_the_example_axis_is_refused():
         lo.JacobianOp(fn, params, X, mesh="data")
 
 
-@pytest.mark.parametrize("structure", ["full", "diag", "last_layer", "lowrank"])
+@pytest.mark.parametrize("structure", ["full", "diag", "last_layer", "lowrank", "kfac"])
 def test_laplace_posteriors_on_a_mesh_equal_one_device(structure):
     import posteriors as pst
 
@@ -115,12 +115,15 @@ def test_laplace_posteriors_on_a_mesh_equal_one_device(structure):
     assert_close(pst.predictive.linearized(many, X[:5])[1], pst.predictive.linearized(one, X[:5])[1], rtol=1e-8)
 
 
-def test_kfac_on_a_mesh_is_refused_before_any_work():
-    import posteriors as pst
-
+def test_kfac_factors_on_a_mesh_equal_one_device():
     fn, params, X, y, _ = _problem(Categorical())
-    with pytest.raises(ValueError, match="not computed on a mesh yet"):
-        pst.laplace(fn, params, (X, y), Categorical(), structure="kfac", mesh=_mesh())
+    one = lo.kfac(fn, params, X, y, Categorical(), batch_size=4)
+    many = lo.kfac(fn, params, X, y, Categorical(), batch_size=4, mesh=_mesh())
+    for (a1, b1), (a8, b8) in zip(one.factors, many.factors, strict=True):
+        assert_close(a8, a1, rtol=1e-10)
+        assert_close(b8, b1, rtol=1e-10)
+    for c1, c8 in zip(one.bias_blocks, many.bias_blocks, strict=True):
+        assert_close(c8, c1, rtol=1e-10)
 
 
 def test_sample_parallel_projections_and_trace_probes_equal_one_device():
@@ -147,3 +150,146 @@ def test_sample_parallel_projections_and_trace_probes_equal_one_device():
     assert_close(many.standard_error, one.standard_error, rtol=1e-4)
     with pytest.raises(ValueError, match="needs V of shape"):
         lo.sharded_mm(Pi, V[:-1], mesh)
+
+
+@pytest.mark.parametrize("devices", [3, 8])
+@pytest.mark.parametrize("multi", [False, True], ids=["one_output", "coregionalized"])
+def test_kernel_gram_row_tiles_on_a_mesh_equal_one_device(devices, multi):
+    from linops.kernels import RBF, Coregionalized, KernelGramOp
+
+    if jax.device_count() < devices:
+        pytest.skip(f"needs {devices} devices")
+    mesh = _mesh(jax.devices()[:devices])
+    kernel = RBF(lengthscale=0.7)
+    if multi:
+        kernel = Coregionalized(kernel, jnp.array([[1.0, 0.3], [0.3, 0.5]]))
+    X = jax.random.normal(jax.random.key(10), (N, 2))
+    X2 = jax.random.normal(jax.random.key(11), (17, 2))
+    # block_size 4: 14 tiles, which 3 and 8 devices do not divide (padding tiles are computed, then dropped)
+    for columns in (None, X2):
+        one = KernelGramOp(kernel, X, columns, block_size=4)
+        many = KernelGramOp(kernel, X, columns, block_size=4, mesh=mesh)
+        V = jax.random.normal(jax.random.key(12), (one.shape[1], 3))
+        U = jax.random.normal(jax.random.key(13), (one.shape[0], 3))
+        assert_close(many.mm(V), one.mm(V), rtol=1e-10)
+        assert_close(many.T.mm(U), one.T.mm(U), rtol=1e-10)
+        assert_close(many.as_matrix(), one.as_matrix(), rtol=1e-10)
+        assert_close(many.as_matrix(), kernel(X, columns) if columns is not None else kernel(X), rtol=1e-10)
+    # reverse mode w.r.t. the kernel's hyperparameters through the sharded tiles
+    v = jax.random.normal(jax.random.key(14), (one.shape[0],))
+
+    def quad(k, mesh):
+        return v @ (KernelGramOp(k, X, block_size=4, mesh=mesh) @ v)
+
+    g1, g8 = jax.grad(quad)(kernel, None), jax.grad(quad)(kernel, mesh)
+    for a, b in zip(jax.tree_util.tree_leaves(g8), jax.tree_util.tree_leaves(g1), strict=True):
+        assert_close(a, b, rtol=1e-9)
+
+
+def _exact_projection(fn, params, X):
+    return lo.ProjectorOp.onto_null_space(lo.JacobianOp(fn, params, X).as_matrix())
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_projection_factors_live_on_the_devices_holding_their_batches(devices):
+    if jax.device_count() < devices:
+        pytest.skip(f"needs {devices} devices")
+    fn, params, X, _, v = _problem(Gaussian(1.0))
+    X = X[:20]  # 5 batches of 4: 40 rows, 80 weights; 5 batches do not split evenly over 2 or 4 devices
+    mesh = _mesh(jax.devices()[:devices])
+    one = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4)
+    many = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4, mesh=mesh)
+    # the batch axis is split: each device holds the factors (and linearisations) of its own batches only
+    batches = -(-5 // devices) * devices
+    assert many.W.shape[0] == batches and many.W.sharding.spec == PartitionSpec("data")
+    assert {s.data.shape[0] for s in many.W.addressable_shards} == {batches // devices}
+    for leaf in jax.tree_util.tree_leaves(many.stored):
+        assert {s.data.shape[0] for s in leaf.addressable_shards} == {batches // devices}
+    # the factors of a batch are the ones one device computes (the padding repeats the last batch)
+    idx = np.minimum(np.arange(batches), 4)
+    assert_close(many.W, one.W[idx], rtol=1e-10, atol=1e-12)
+    exact = _exact_projection(fn, params, X)
+    r1, r8 = one.project(v), many.project(v)
+    assert bool(r8.converged)
+    assert_close(r8.value, exact @ v, atol=1e-5)
+    assert_close(r8.value, r1.value, atol=1e-5)
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_split_sweeps_converge_to_the_same_projection(devices):
+    if jax.device_count() < devices:
+        pytest.skip(f"needs {devices} devices")
+    fn, params, X, _, v = _problem(Gaussian(1.0))
+    X = X[:20]
+    mesh = _mesh(jax.devices()[:devices])
+    exact = _exact_projection(fn, params, X)
+    one = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4).project(v)
+    split = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4, mesh=mesh, split_sweeps=True)
+    r = split.project(v)
+    assert bool(r.converged)
+    assert_close(r.value, exact @ v, atol=1e-5)
+    # the averaged sweep contracts less than the full product: more sweeps for the same tolerance
+    assert int(r.sweeps) > int(one.sweeps)
+    # the averaged symmetric sweep is symmetric, and fixes the kernel exactly
+    u = jax.random.normal(jax.random.key(20), v.shape)
+    assert_close(u @ split.symmetric_sweep(v), v @ split.symmetric_sweep(u), rtol=1e-10)
+    assert_close(split.symmetric_sweep(exact @ v), exact @ v, atol=1e-10)
+    # the plain method on split sweeps is the averaged product of each device's batches
+    plain = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4, mesh=mesh, split_sweeps=True,
+                                                     method="plain")
+    Q = [lo.ProjectorOp.onto_null_space(lo.JacobianOp(fn, params, X[4 * b: 4 * b + 4]).as_matrix()) for b in range(5)]
+    per_device = -(-5 // devices)
+    idx = np.minimum(np.arange(per_device * devices), 4).reshape(devices, per_device)
+    expected = 0.0
+    for batches in idx:
+        w = v
+        for b in batches:
+            w = Q[b] @ w
+        expected = expected + w / devices
+    assert_close(plain.sweep(v), expected, atol=1e-8)
+
+
+def test_split_sweeps_and_bad_options_are_refused():
+    fn, params, X, _, _ = _problem(Gaussian(1.0))
+    with pytest.raises(ValueError, match="split_sweeps=True splits the batch sequence .* pass mesh="):
+        lo.AlternatingProjectionOp.from_jacobian(fn, params, X[:8], batch_size=4, split_sweeps=True)
+    with pytest.raises(ValueError, match="the example axis 'data' is not one of them"):
+        lo.AlternatingProjectionOp.from_jacobian(fn, params, X[:8], batch_size=4,
+                                                 mesh=Mesh(np.array(jax.devices()), ("model",)))
+
+
+def test_projected_posteriors_on_a_mesh_equal_one_device():
+    import posteriors as pst
+
+    fn, params, X, y, _ = _problem(Gaussian(1.0))
+    X, y = X[:20], y[:20]
+    key = jax.random.key(21)
+    exact = _exact_projection(fn, params, X)
+    for options in (dict(mesh=_mesh()), dict(mesh=_mesh(jax.devices()[:2]), split_sweeps=True)):
+        post = pst.projected_posterior(fn, params, X, batch_size=4, prior_precision=2.0, **options)
+        samples = post.sample(key, 6, mesh=options["mesh"])
+        eps = jax.random.normal(key, (post.mean.shape[0], 6))
+        assert_close(samples, post.mean[None, :] + (exact @ eps).T / jnp.sqrt(2.0), atol=1e-5)
+    one = pst.loss_projected_posterior(fn, params, (X, y), Gaussian(1.0), batch_size=4)
+    many = pst.loss_projected_posterior(fn, params, (X, y), Gaussian(1.0), batch_size=4, mesh=_mesh())
+    V = jax.random.normal(jax.random.key(22), (one.mean.shape[0], 3))
+    assert_close(many.covariance.mm(V), one.covariance.mm(V), atol=1e-6)
+
+
+def test_subnetwork_and_fsp_laplace_on_a_mesh_equal_one_device():
+    import posteriors as pst
+    from linops.kernels import RBF
+
+    fn, params, X, y, _ = _problem(Categorical())
+    sub = pst.subnetwork.from_indices(params, np.arange(0, 80, 3))
+    one = pst.subnetwork_laplace(fn, params, (X, y), Categorical(), sub, prior_precision=2.0, batch_size=4)
+    many = pst.subnetwork_laplace(fn, params, (X, y), Categorical(), sub, prior_precision=2.0, batch_size=4,
+                                  mesh=_mesh())
+    assert_close(many.covariance.as_matrix(), one.covariance.as_matrix(), rtol=1e-8, atol=1e-12)
+    fn, params, X, y, _ = _problem(Gaussian(0.5))
+    C = jax.random.normal(jax.random.key(23), (13, 3))  # 26 context outputs: 13 points over 8 devices
+    options = dict(likelihood=Gaussian(0.5), rank=12, batch_size=4, context_batch_size=3)
+    one = pst.fsp_laplace(fn, params, (X, y), RBF(), C, **options)
+    many = pst.fsp_laplace(fn, params, (X, y), RBF(), C, mesh=_mesh(), **options)
+    assert_close(many.covariance.as_matrix(), one.covariance.as_matrix(), rtol=1e-7, atol=1e-10)
+    assert_close(pst.predictive.linearized(many, X[:5])[1], pst.predictive.linearized(one, X[:5])[1], rtol=1e-7)
