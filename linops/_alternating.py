@@ -103,7 +103,9 @@ class AlternatingProjectionOp(LinearOperator):
         axis: the mesh axis the batches are split along (default ``"data"``).
         split_sweeps: with a mesh, how a sweep runs. False (default): the sweep is the same
             product $Q_B \cdots Q_1$ as on one device (identical results); XLA moves each
-            batch's factors to the vector as the scan reaches them. True: each device sweeps its
+            batch's factors to the vector as the scan reaches them; a block of vectors (``A @ V``,
+            `project_samples`) runs sample-parallel instead, the vectors travelling round the
+            devices and the factors staying put. True: each device sweeps its
             own batches, on its own factors, and the results are averaged (``psum``):
             $\bar T = \frac1D \sum_d T_d$ with $T_d$ device $d$'s symmetric sweep. Every $T_d$
             is symmetric PSD with eigenvalue 1 exactly on $\ker M_d \supseteq \ker M$, so $\bar T$
@@ -458,8 +460,81 @@ class AlternatingProjectionOp(LinearOperator):
         v, k, change, history = lax.while_loop(cond, body, (x, jnp.asarray(0), jnp.asarray(jnp.inf, x.dtype), history))
         return v, k, (change <= self.rtol) | (self.rtol == 0), history
 
+    def project_samples(self, V) -> Projection:
+        r"""$\Pi V$ for a block of vectors ``V`` ``(P, k)`` with its diagnostics, sample-parallel on the mesh.
+
+        Returns a `Projection` whose ``value`` is ``(P, k)`` (column ``j`` is $\Pi v_j$) and whose other
+        fields have a leading axis of ``k`` (one entry per column). On the operator's mesh (built with
+        ``mesh=``), each device keeps its own batches' factors and takes ``k / D`` of the columns; a column
+        block travels round the devices (``ppermute``): forward through every device's batches, then back
+        in reverse, which is the symmetric sweep over all batches in a rotated order. Each device runs CG
+        on its columns, all in step (the iteration goes on until every column on every device has
+        converged; a converged column is frozen), so the factors never move and only vectors do. The
+        order differs per device, so the results equal the single-device ones to the projection's
+        tolerance, not bit for bit. Columns left over by an uneven split are projected one by one, as
+        are all of them without a mesh, with ``split_sweeps`` (whose sweeps already use every device) or
+        with ``method="plain"``.
+        ``A @ V`` is this method's ``value``.
+
+        Example:
+            >>> import jax.numpy as jnp, linops as lo
+            >>> Pi = lo.AlternatingProjectionOp.from_matrix(jnp.array([[1.0, 0.0, 0.0]]), batch_size=1)
+            >>> r = Pi.project_samples(jnp.ones((3, 2)))
+            >>> r.value[:, 0].round(5) + 0.0, r.converged
+            (Array([0., 1., 1.], dtype=float32), Array([ True,  True], dtype=bool))
+        """
+        V = jnp.asarray(V, self.dtype)
+        if V.ndim != 2 or V.shape[0] != self.size:
+            raise ValueError(f"{describe(self)}.project_samples: expected V of shape ({self.size}, k), got {V.shape}")
+        k = V.shape[1]
+        devices = 1 if self.mesh is None else self.mesh.shape[self.axis]
+        ring_ok = self.mesh is not None and not self.split_sweeps and self.method == "cg"
+        ring = (k // devices) * devices if ring_ok else 0
+        parts = [_ring_jit(self, V[:, :ring])] if ring else []
+        if ring < k:
+            one = jax.vmap(self.project, in_axes=1)(V[:, ring:])
+            parts.append(eqx.tree_at(lambda r: r.value, one, one.value.T))
+        if len(parts) == 1:
+            return parts[0]
+        joined = [jnp.concatenate([getattr(p, f) for p in parts], axis=0)
+                  for f in ("sweeps", "converged", "kernel_residual", "residuals")]
+        return Projection(jnp.concatenate([p.value for p in parts], axis=1), *joined)
+
+    def _ring_project(self, V):
+        from jax.sharding import PartitionSpec
+
+        D = self.mesh.shape[self.axis]
+        forward = [(i, (i + 1) % D) for i in range(D)]
+        backward = [(i, (i - 1) % D) for i in range(D)]
+
+        def local(batches, block):
+            def sweep(u):  # one column, round the ring and back: Q_first ... Q_last ... Q_first
+                t = self.to_tree(u)
+                for _ in range(D):
+                    t = lax.ppermute(self._scan(t, batches), self.axis, forward)
+                for _ in range(D):
+                    t = self._scan(lax.ppermute(t, self.axis, backward), batches, reverse=True)
+                return self.to_flat(t)
+
+            I_minus_T = jax.vmap(lambda u: u - sweep(u), in_axes=1, out_axes=1)
+            return _block_cg(I_minus_T, block, I_minus_T(block), self.rtol, self.max_sweeps, self.axis)
+
+        batches = self._batches()
+        columns = PartitionSpec(self.axis)
+        value, sweeps, converged, residual = jax.shard_map(
+            local, mesh=self.mesh, in_specs=(_specs(batches, columns), PartitionSpec(None, self.axis)),
+            out_specs=(PartitionSpec(None, self.axis), columns, columns, columns), check_vma=False)(batches, V)
+        norms = jax.vmap(self._kernel_norm, in_axes=1)
+        before, after = norms(V), norms(value)
+        history = jnp.full((V.shape[1], self.max_sweeps), jnp.nan, V.dtype)
+        history = history.at[jnp.arange(V.shape[1]), jnp.maximum(sweeps - 2, 0)].set(residual)
+        return Projection(value, sweeps, converged, after / jnp.where(before > 0, before, 1.0), history)
+
     def mv(self, v):
         return self.project(v).value
+
+    def mm(self, V):
+        return self.project_samples(V).value
 
     rmv = mv
 
@@ -475,12 +550,60 @@ class AlternatingProjectionOp(LinearOperator):
 
 _project_jit = jax.jit(lambda A, x: A._project(x))
 _sweep_jit = jax.jit(lambda A, v: A._sweep(v))
+_ring_jit = jax.jit(lambda A, V: A._ring_project(V))
 _symmetric_sweep_jit = jax.jit(lambda A, v: A._symmetric_sweep(v))
 _PATIENCE = 50  # CG steps without a new smallest residual before the projection stops
 
 
 def _identity(x):
     return x
+
+
+def _block_cg(matvec, X, B, rtol, maxiter, axis):
+    r"""$X - U$ (and per column: sweeps, converged, relative residual) with $U$ from independent CGs on
+    $(I - T) U = B$, one per column, run in step over the
+    devices of ``axis`` (the loop goes on while any column on any device is active; a finished column is
+    frozen). Stops a column as `AlternatingProjectionOp.project` does: at ``rtol max(||b||, ||x||)``, or
+    after `_PATIENCE` steps without a new smallest residual (keeping the best iterate)."""
+    dot = lambda a, b: jnp.sum(a * b, axis=0)  # noqa: E731
+    threshold = rtol * jnp.maximum(jnp.sqrt(dot(B, B)), jnp.sqrt(dot(X, X)))
+    U = jnp.zeros_like(B)
+    R, Pd = B, B
+    rr = dot(R, R)
+    res = jnp.sqrt(rr)
+    active = res > threshold
+    zeros = jnp.zeros(B.shape[1], jnp.int32)
+    best = (U, res, zeros)
+
+    def cond(state):
+        *_, k, active, _, _ = state
+        anywhere = lax.pmax(jnp.any(active).astype(jnp.int32), axis)
+        return (anywhere > 0) & (k < maxiter)
+
+    def body(state):
+        U, R, Pd, rr, k, active, best, steps = state
+        steps = steps + active.astype(jnp.int32)
+        AP = matvec(Pd)  # every device takes part (the ring), active columns or not
+        pAp = dot(Pd, AP)
+        ok = active & (pAp > 0)
+        alpha = jnp.where(ok, rr / jnp.where(ok, pAp, 1.0), 0.0)
+        U = U + alpha[None, :] * Pd
+        R = R - alpha[None, :] * AP
+        rr_new = dot(R, R)
+        beta = jnp.where(ok & (rr > 0), rr_new / jnp.where(rr > 0, rr, 1.0), 0.0)
+        Pd = jnp.where(ok[None, :], R + beta[None, :] * Pd, Pd)
+        res = jnp.sqrt(rr_new)
+        better = ok & (res < best[1])
+        best = (jnp.where(better[None, :], U, best[0]), jnp.where(better, res, best[1]),
+                jnp.where(better, k + 1, best[2]))
+        active = ok & (res > threshold) & (k + 1 - best[2] < _PATIENCE)
+        return U, R, Pd, rr_new, k + 1, active, best, steps
+
+    state = lax.while_loop(cond, body, (U, R, Pd, rr, jnp.asarray(0, jnp.int32), active, best, zeros))
+    steps, (U, res, _) = state[-1], state[-2]
+    # as `project` counts: the steps of CG plus the sweep that formed its right-hand side
+    b_norm = jnp.sqrt(dot(B, B))
+    return X - U, steps + 1, res <= threshold, res / jnp.where(b_norm > 0, b_norm, 1.0)
 
 
 def _specs(tree, spec):

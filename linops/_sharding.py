@@ -34,6 +34,9 @@ def sharded_mm(A: LinearOperator, V, mesh, axis: str = "data"):
         raise TypeError(f"sharded_mm: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
     if axis not in mesh.axis_names:
         raise ValueError(f"sharded_mm: mesh has axes {tuple(mesh.axis_names)}; {axis!r} is not one of them")
+    if getattr(A, "mesh", None) is not None:
+        raise ValueError(f"sharded_mm: {describe(A)} already runs on a mesh of its own; apply it directly "
+                         "(A @ V), which splits the work over that mesh")
     V = jnp.asarray(V)
     if V.ndim != 2 or V.shape[0] != A.shape[1]:
         raise ValueError(f"sharded_mm: {describe(A)} needs V of shape ({A.shape[1]}, k), got {V.shape}")

@@ -49,11 +49,12 @@ class ProjectedPosterior(GaussianPosterior):
 
         With a ``mesh`` (a `jax.sharding.Mesh`), the samples are projected in parallel, split over its
         devices along ``axis`` (`linops.sharded_mm`); they equal the single-device samples of the same key.
-        (A projection built with ``split_sweeps=True`` already spreads each sweep over its mesh, and
-        ignores this ``mesh``.)
+        A projection built on a mesh (``projected_posterior(..., mesh=mesh)``) already projects its
+        samples in parallel on that mesh, with each batch's factors left on its device
+        (`linops.AlternatingProjectionOp.project_samples`), and ignores this ``mesh``.
         """
         eps = jax.random.normal(key, (self.mean.shape[0], n), self.mean.dtype)
-        if mesh is None or self.projection.split_sweeps:  # a split projection already runs on its devices
+        if mesh is None or self.projection.mesh is not None:  # a projection on a mesh already uses it
             projected = self.projection @ eps
         else:
             projected = lo.sharded_mm(self.projection, eps, mesh, axis)

@@ -293,3 +293,38 @@ def test_subnetwork_and_fsp_laplace_on_a_mesh_equal_one_device():
     many = pst.fsp_laplace(fn, params, (X, y), RBF(), C, mesh=_mesh(), **options)
     assert_close(many.covariance.as_matrix(), one.covariance.as_matrix(), rtol=1e-7, atol=1e-10)
     assert_close(pst.predictive.linearized(many, X[:5])[1], pst.predictive.linearized(one, X[:5])[1], rtol=1e-7)
+
+
+@pytest.mark.parametrize("devices", [2, 8])
+def test_sample_parallel_projection_with_the_factors_left_in_place(devices):
+    import posteriors as pst
+
+    if jax.device_count() < devices:
+        pytest.skip(f"needs {devices} devices")
+    fn, params, X, _, _ = _problem(Gaussian(1.0))
+    X = X[:12]  # 3 batches, 24 rows, 80 weights: well conditioned, so the tolerance bounds the error
+    mesh = _mesh(jax.devices()[:devices])
+    exact = _exact_projection(fn, params, X)
+    Pi = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4, mesh=mesh)
+    one = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4)
+    V = jax.random.normal(jax.random.key(30), (Pi.shape[0], 19))  # 19 columns: an uneven split, remainder too
+    r = Pi.project_samples(V)
+    for out in (r.value, Pi @ V, jax.jit(lambda A, V: A @ V)(Pi, V)):
+        assert_close(out, exact @ V, atol=1e-5)
+        assert_close(out, one @ V, atol=1e-5)
+    # per-column diagnostics, as one device's `project` reports them
+    assert r.sweeps.shape == r.converged.shape == r.kernel_residual.shape == (19,)
+    assert bool(jnp.all(r.converged)) and bool(jnp.all(r.kernel_residual < 1e-6))
+    single = [one.project(V[:, j]) for j in (0, 18)]
+    for j, s in zip((0, 18), single, strict=True):
+        assert abs(int(r.sweeps[j]) - int(s.sweeps)) <= 10
+        assert_close(r.kernel_residual[j], s.kernel_residual, rtol=0.5, atol=1e-9)
+    # each column's rotated sweep is still a symmetric sweep: a kernel vector is left alone
+    K = exact @ V
+    assert_close(Pi.project_samples(K).value, K, atol=1e-8)
+    post = pst.projected_posterior(fn, params, X, batch_size=4, prior_precision=2.0, mesh=mesh)
+    key = jax.random.key(31)
+    eps = jax.random.normal(key, (post.mean.shape[0], 16))
+    assert_close(post.sample(key, 16), post.mean[None, :] + (exact @ eps).T / jnp.sqrt(2.0), atol=1e-5)
+    with pytest.raises(ValueError, match="already runs on a mesh of its own"):
+        lo.sharded_mm(Pi, V, mesh)
