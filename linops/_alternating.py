@@ -31,6 +31,7 @@ from jax import lax
 from linops import _tags
 from linops._base import LinearOperator, describe, new_key
 from linops._batching import check_mesh
+from linops._batching import leaf_specs as _specs
 from linops._cg import cg
 from linops._nn import _check_model
 from linops._projector import gram_factor
@@ -172,12 +173,14 @@ class AlternatingProjectionOp(LinearOperator):
         self.params, self.data, self.forward, self.backward = params, data, forward, backward
         self.to_tree, self.to_flat = to_tree, to_flat
         self.size, self.dtype_ = int(size), np.dtype(dtype)
-        batches = jax.tree_util.tree_leaves(data)[0].shape[0]
+        # per device: with a mesh, each one holds its share of the (padded) batches
+        batches = jax.tree_util.tree_leaves(data)[0].shape[0] // (1 if mesh is None else mesh.shape[axis])
         item = self.dtype_.itemsize
         # The Grams and their factors (both alive between the two loops), plus one batch's rows
         # (R x P) and their forward-mode products while building them.
         base = (2 * batches * num_rows * num_rows + 2 * num_rows * self.size) * item
-        what = f"AlternatingProjectionOp: the factors of {batches} batches of {num_rows} rows ({self.size} parameters)"
+        what = (f"AlternatingProjectionOp: the factors of {batches} batches of {num_rows} rows ({self.size} parameters)"
+                + ("" if mesh is None else " per device"))
         hint = "use a smaller batch_size, or from_loss_jacobian (one row per example whatever the outputs)"
         check_fits(base, what, hint)
         first = jax.tree_util.tree_map(lambda a: a[0], data)
@@ -604,10 +607,6 @@ def _block_cg(matvec, X, B, rtol, maxiter, axis):
     # as `project` counts: the steps of CG plus the sweep that formed its right-hand side
     b_norm = jnp.sqrt(dot(B, B))
     return X - U, steps + 1, res <= threshold, res / jnp.where(b_norm > 0, b_norm, 1.0)
-
-
-def _specs(tree, spec):
-    return jax.tree_util.tree_map(lambda _: spec, tree)
 
 
 def _flatten(tree):

@@ -66,6 +66,11 @@ def check_mesh(mesh, axis, who):
     return mesh, axis
 
 
+def leaf_specs(tree, spec):
+    """``spec`` (a `PartitionSpec`) for every leaf of ``tree``: the ``in_specs`` of a `shard_map`."""
+    return jax.tree_util.tree_map(lambda _: spec, tree)
+
+
 def _even_split(data, devices: int):
     """The leading examples that split evenly over ``devices``, and the rest (or None)."""
     n = num_examples(data)
@@ -87,7 +92,7 @@ def sharded_sum(fn, data, batch_size: int, mesh, axis: str):
     even, head, rest = _even_split(data, mesh.shape[axis])
     total = None
     if even:
-        specs = jax.tree_util.tree_map(lambda _: PartitionSpec(axis), head)
+        specs = leaf_specs(head, PartitionSpec(axis))
         local = lambda block: jax.lax.psum(batched_sum(fn, block, batch_size), axis)  # noqa: E731
         # check_vma=False: the scan inside starts from zeros that are the same on every device, and psum
         # must add the per-device partial sums (not multiply a value it believes replicated).
@@ -106,7 +111,7 @@ def sharded_map(fn, data, batch_size: int, mesh, axis: str):
     even, head, rest = _even_split(data, mesh.shape[axis])
     parts = []
     if even:
-        specs = jax.tree_util.tree_map(lambda _: PartitionSpec(axis), head)
+        specs = leaf_specs(head, PartitionSpec(axis))
         local = lambda block: batched_map(fn, block, batch_size)  # noqa: E731
         parts.append(jax.shard_map(local, mesh=mesh, in_specs=(specs,), out_specs=PartitionSpec(axis),
                                    check_vma=False)(head))

@@ -10,7 +10,7 @@ from jax import lax
 
 from linops import _tags
 from linops._base import LinearOperator, new_key
-from linops._batching import check_mesh
+from linops._batching import check_mesh, leaf_specs
 from linops.kernels._base import Kernel, _check_inputs
 from linops.memory import check_fits
 
@@ -134,7 +134,7 @@ class KernelGramOp(LinearOperator):
 
         split = PartitionSpec(self.axis)
         local = (lambda t: lax.psum(fn(t), self.axis)) if reduce else fn
-        return jax.shard_map(local, mesh=self.mesh, in_specs=(jax.tree_util.tree_map(lambda _: split, tiles),),
+        return jax.shard_map(local, mesh=self.mesh, in_specs=(leaf_specs(tiles, split),),
                              out_specs=PartitionSpec() if reduce else split, check_vma=False)(tiles)
 
     def mv(self, v):

@@ -328,3 +328,19 @@ def test_sample_parallel_projection_with_the_factors_left_in_place(devices):
     assert_close(post.sample(key, 16), post.mean[None, :] + (exact @ eps).T / jnp.sqrt(2.0), atol=1e-5)
     with pytest.raises(ValueError, match="already runs on a mesh of its own"):
         lo.sharded_mm(Pi, V, mesh)
+
+
+def test_the_projection_memory_check_counts_one_devices_share(monkeypatch):
+    import linops.memory
+
+    fn, params, X, _, _ = _problem(Gaussian(1.0))
+    X = X[:20]  # 5 batches of 8 rows, 80 weights, float64: 15,360 bytes of factors on one device
+    monkeypatch.setattr(linops.memory, "available_bytes", lambda device=None: 13_000)
+    with pytest.raises(linops.memory.MemoryBudgetError, match="the factors of 5 batches of 8 rows"):
+        lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4)
+    # on 8 devices each holds one (padded) batch: 11,264 bytes, which fit
+    Pi = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4, mesh=_mesh())
+    assert Pi.W.shape[0] == 8
+    monkeypatch.setattr(linops.memory, "available_bytes", lambda device=None: 10_000)
+    with pytest.raises(linops.memory.MemoryBudgetError, match="the factors of 1 batches of 8 rows .* per device"):
+        lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4, mesh=_mesh())
