@@ -81,12 +81,15 @@ def _even_split(data, devices: int):
 
 
 def sharded_sum(fn, data, batch_size: int, mesh, axis: str):
-    """`batched_sum` with the examples split over the devices of ``mesh`` along ``axis``.
+    """`batched_sum` with the examples split over the devices of ``mesh`` along ``axis`` (``mesh`` None:
+    `batched_sum` itself, on one device).
 
     Each device streams over its own examples in batches of ``batch_size`` and the partial sums
     are reduced with ``psum``; the examples left over by an uneven split (fewer than the number
     of devices) are summed on their own, replicated, and added: none is dropped.
     """
+    if mesh is None:
+        return batched_sum(fn, data, batch_size)
     from jax.sharding import PartitionSpec
 
     even, head, rest = _even_split(data, mesh.shape[axis])
@@ -104,8 +107,10 @@ def sharded_sum(fn, data, batch_size: int, mesh, axis: str):
 
 
 def sharded_map(fn, data, batch_size: int, mesh, axis: str):
-    """`batched_map` with the examples split over the devices of ``mesh`` along ``axis`` (the
-    output stays split the same way; the uneven remainder is mapped on its own and appended)."""
+    """`batched_map` with the examples split over the devices of ``mesh`` along ``axis`` (None: one
+    device; the output stays split the same way; the uneven remainder is mapped on its own and appended)."""
+    if mesh is None:
+        return batched_map(fn, data, batch_size)
     from jax.sharding import PartitionSpec
 
     even, head, rest = _even_split(data, mesh.shape[axis])

@@ -28,7 +28,7 @@ import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 
-from linops._batching import batched_sum, check_mesh, num_examples, sharded_sum
+from linops._batching import check_mesh, num_examples, sharded_sum
 from linops._nn import _check_batch_size, _check_model
 from linops.likelihoods import Likelihood
 
@@ -195,11 +195,7 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, batch
         Bs, As = jax.vmap(example, in_axes=(0, 0, 0 if lb is not None else None))(xb, yb, lb)
         return [b.sum(0) for b in Bs], [a.sum(0) for a in As]
 
-    size = n if batch_size is None else batch_size
-    if mesh is None:
-        Bs, As = batched_sum(batch, (inputs, targets, lik), size)
-    else:
-        Bs, As = sharded_sum(batch, (inputs, targets, lik), size, mesh, axis)
+    Bs, As = sharded_sum(batch, (inputs, targets, lik), n if batch_size is None else batch_size, mesh, axis)
     factors = tuple((B, A / n) if L.weight_first else (A / n, B) for L, A, B in zip(layers, As, Bs, strict=True))
     bias_blocks = tuple(B if L.bias is not None else None for L, B in zip(layers, Bs, strict=True))
     used = {L.weight for L in layers} | {L.bias for L in layers if L.bias is not None}

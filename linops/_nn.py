@@ -17,8 +17,8 @@ import numpy as np
 
 from linops import _tags
 from linops._base import LinearOperator, new_key
-from linops._batching import batched_map, batched_sum, num_examples, sharded_map, sharded_sum
 from linops._batching import check_mesh as _check_mesh
+from linops._batching import num_examples, sharded_map, sharded_sum
 from linops.likelihoods import Likelihood
 from linops.models import ravel
 
@@ -106,14 +106,10 @@ class _ModelOperator(LinearOperator):
 
     def _sum(self, fn, data, batch_size):
         """Sum of ``fn`` over batches; split over ``mesh``'s devices (and ``psum``-reduced) when there is one."""
-        if self.mesh is None:
-            return batched_sum(fn, data, batch_size)
         return sharded_sum(fn, data, batch_size, self.mesh, self.axis)
 
     def _map(self, fn, data, batch_size):
         """``fn`` over batches, concatenated; split over ``mesh``'s devices when there is one."""
-        if self.mesh is None:
-            return batched_map(fn, data, batch_size)
         return sharded_map(fn, data, batch_size, self.mesh, self.axis)
 
     def _batch_fn(self, xb):
