@@ -14,15 +14,21 @@ from linops import kernels, likelihoods, memory, models, tags
 from linops._alternating import AlternatingProjectionOp, Projection
 from linops._base import LinearOperator, new_key
 from linops._composite import Inverse, Product, Scaled, Sum, Transpose, shift
+from linops._eigen import EigenDecomposed
+from linops._factorizations import LU, Cholesky, Triangular
 from linops._functions import (
     Estimate,
     Solution,
     diag,
+    eigendecompose,
     eigh,
+    eigvalsh,
+    factorize,
     hutchinson,
     inv,
     logdet,
     pinv,
+    root,
     solve,
     sqrt,
     trace,
@@ -43,8 +49,9 @@ from linops.kernels import KernelGramOp
 __version__ = "0.1.0"
 
 __all__ = [
-    "AlternatingProjectionOp", "BlockDiagonal", "Complement", "count_matmuls", "Dense", "diag", "Diagonal",
-    "eigh", "Estimate",
+    "AlternatingProjectionOp", "BlockDiagonal", "Cholesky", "Complement", "count_matmuls", "Dense", "diag",
+    "Diagonal", "eigendecompose", "EigenDecomposed", "eigh", "eigvalsh", "Estimate", "factorize", "LU", "root",
+    "Triangular",
     "explain", "from_lineax", "FunctionOp", "GGNOp", "hutchinson", "Identity", "inv", "Inverse",
     "JacobianOp", "kernels", "KernelGramOp", "KFAC", "kfac", "Kronecker", "Lanczos", "lanczos", "LanczosLowRankOp",
     "likelihoods", "LinearOperator", "LineaxOp", "logdet",

@@ -128,6 +128,31 @@ class LinearOperator(eqx.Module):
         d = self._diag()
         return NotImplemented if d is NotImplemented else jnp.sum(d)
 
+    def _root(self):
+        """An operator ``R`` (``(n, r)``) with ``R R^T = A``: by default the principal square root."""
+        return self._sqrt()
+
+    def _factorize(self):
+        """An operator equal to ``A`` whose solves reuse a factorisation computed here, once."""
+        return NotImplemented
+
+    def _eigendecompose(self):
+        """``A`` as a `linops.EigenDecomposed` (eigenvalues in any order)."""
+        return NotImplemented
+
+    def _eigvalsh(self):
+        """The eigenvalues in ascending order (default: those of `_eigh`)."""
+        wq = self._eigh()
+        return NotImplemented if wq is NotImplemented else wq[0]
+
+    def _shift(self, lam, nonnegative):
+        """A structured operator equal to ``A + lam I`` (used by `linops.shift`), else NotImplemented."""
+        return NotImplemented
+
+    def _hadamard_square(self):
+        """The operator with every entry squared, ``A o A``, where the structure keeps it."""
+        return NotImplemented
+
     # --- structure used by simplify and by the tag rules ---------------------------
 
     def children(self) -> tuple[LinearOperator, ...]:
@@ -239,6 +264,11 @@ class LinearOperator(eqx.Module):
         from linops._composite import Scaled
 
         return Scaled(1.0 / other, self)
+
+
+CLOSED_FORMS = ("_diag", "_solve", "_inv", "_pinv", "_sqrt", "_logdet", "_eigh", "_trace", "_root", "_factorize",
+                "_eigendecompose", "_eigvalsh", "_shift", "_hadamard_square")
+"""The structure hooks: each returns its closed form or ``NotImplemented`` (a wrapper forwards all of them)."""
 
 
 def check_square(op: LinearOperator, what: str) -> None:

@@ -96,10 +96,20 @@ class Sum(LinearOperator):
 
         return _woodbury.logdet(self)
 
+    def _inv(self):
+        from linops import _woodbury
+
+        return _woodbury.inv(self)
+
     def _sqrt(self):
         from linops import _woodbury
 
         return _woodbury.sqrt(self)
+
+    def _root(self):
+        from linops import _woodbury
+
+        return _woodbury.root(self)
 
 
 class Product(LinearOperator):
@@ -211,6 +221,11 @@ class Product(LinearOperator):
             return NotImplemented
         parts = [f._logdet() for f in self.factors]
         return NotImplemented if any(p is NotImplemented for p in parts) else sum(parts)
+
+    def _factorize(self):
+        if not self._all_square():
+            return NotImplemented
+        return factorize_children(self, self.factors)
 
 
 def _scalar_uid(c):
@@ -330,6 +345,15 @@ class Scaled(LinearOperator):
         wq = self.op._eigh()
         return wq if wq is NotImplemented else (self.scalar * wq[0], wq[1])
 
+    def _root(self):
+        if not self.nonnegative:
+            return NotImplemented
+        r = self.op._root()
+        return r if r is NotImplemented else Scaled(jnp.sqrt(self.scalar), r, nonnegative=True, uid=("root", self.uid))
+
+    def _factorize(self):
+        return factorize_children(self, (self.op,))
+
 
 class Transpose(LinearOperator):
     """``A^T`` (built by ``A.T`` when ``A`` has no cheaper transpose)."""
@@ -401,6 +425,14 @@ class Transpose(LinearOperator):
         p = self.op._pinv(rtol)
         return p if p is NotImplemented else p.T
 
+    def _factorize(self):
+        f = self.op._factorize()
+        return f if f is NotImplemented else f.T
+
+    def _hadamard_square(self):
+        h = self.op._hadamard_square()
+        return h if h is NotImplemented else h.T
+
 
 class Inverse(LinearOperator):
     r"""The lazy inverse $A^{-1}$ (built by `linops.inv`): each product is a solve.
@@ -409,14 +441,21 @@ class Inverse(LinearOperator):
         op: a square operator.
         method: the solve method (``None`` for a closed form, ``"cg"``, ``"dense"``).
         options: keyword options for `linops.solve` (``rtol``, ``maxiter``, ...).
+        factored: an operator equal to ``op`` that holds its factorisation (`linops.factorize`); when
+            given, every product is a solve with it, and nothing is factorised again.
     """
 
     op: LinearOperator
+    factored: LinearOperator | None
     method: str | None = eqx.field(static=True)
     options: tuple = eqx.field(static=True)
 
-    def __init__(self, op: LinearOperator, method: str | None = None, options: tuple = ()):
+    def __init__(self, op: LinearOperator, method: str | None = None, options: tuple = (), *,
+                 factored: LinearOperator | None = None):
+        if factored is not None and tuple(factored.shape) != tuple(op.shape):
+            raise ValueError(f"Inverse: factored is {describe(factored)} but op is {describe(op)}")
         self.op = op
+        self.factored = factored
         self.method = method
         self.options = tuple(options)
 
@@ -436,7 +475,8 @@ class Inverse(LinearOperator):
         return (self.op,)
 
     def with_children(self, children):
-        return Inverse(children[0], self.method, self.options)
+        same = children[0].signature() == self.op.signature()
+        return Inverse(children[0], self.method, self.options, factored=self.factored if same else None)
 
     def signature(self):
         return ("Inverse", self.op.signature())
@@ -447,11 +487,15 @@ class Inverse(LinearOperator):
         return solve(op, b, method=self.method, **dict(self.options)).value
 
     def mv(self, v):
+        if self.factored is not None:
+            return self.factored._solve(v)
         return self._solve_with(self.op, v)
 
     mm = mv
 
     def rmv(self, u):
+        if self.factored is not None:
+            return self.factored.T._solve(u)
         return self._solve_with(self.op.T, u)
 
     rmm = rmv
@@ -459,7 +503,8 @@ class Inverse(LinearOperator):
     def transpose(self):
         if _tags.symmetric in self.tags:
             return self
-        return Inverse(self.op.T, self.method, self.options)
+        return Inverse(self.op.T, self.method, self.options,
+                       factored=None if self.factored is None else self.factored.T)
 
     def _solve(self, b):
         return self.op.mv(b) if b.ndim == 1 else self.op.mm(b)
@@ -468,8 +513,33 @@ class Inverse(LinearOperator):
         return self.op
 
     def _logdet(self):
-        ld = self.op._logdet()
+        ld = (self.op if self.factored is None else self.factored)._logdet()
         return ld if ld is NotImplemented else -ld
+
+    def _factorize(self):
+        return self if self.factored is not None else NotImplemented
+
+    def _root(self):
+        r"""From a root $R R^\top = A$: $R^{-\top}$ when $R$ is square, else $A^{-1} R$ (both give $A^{-1}$)."""
+        if self.method is not None:
+            return NotImplemented
+        if self.factored is None:
+            explicit = self.op._inv()  # a structured inverse (diagonal, orthonormal low rank + shift) has its own
+            if explicit is not NotImplemented and not isinstance(explicit, Inverse) and _tags.psd in explicit.tags:
+                r = explicit._root()
+                if r is not NotImplemented:
+                    return r
+            s = self._sqrt()
+            if s is not NotImplemented:
+                return s
+        r = (self.op if self.factored is None else self.factored)._root()
+        if r is NotImplemented:
+            return r
+        if r.is_square:
+            rt = r.T
+            f = rt._factorize()
+            return Inverse(rt, factored=None if f is NotImplemented else f)
+        return Product((self, r))
 
     def _diag(self):
         inv = self.op._inv()
@@ -479,7 +549,8 @@ class Inverse(LinearOperator):
         s = self.op._sqrt()
         if s is NotImplemented:
             return s
-        return Inverse(s, self.method, self.options)
+        f = s._factorize() if self.method is None else NotImplemented
+        return Inverse(s, self.method, self.options, factored=None if f is NotImplemented else f)
 
     def _eigh(self):
         wq = self.op._eigh()
@@ -509,4 +580,18 @@ def shift(A: LinearOperator, lam, *, nonnegative: bool | None = None) -> LinearO
 
     if not A.is_square:
         raise ValueError(f"shift: expected a square operator, got {describe(A)}")
+    from linops._leaves import is_known_nonnegative
+
+    structured = A._shift(lam, is_known_nonnegative(lam, nonnegative))
+    if structured is not NotImplemented:  # e.g. an eigen-decomposed operator: its eigenvalues move
+        return structured
     return Sum((A, Scaled(lam, Identity(A.shape[0], A.dtype), nonnegative=nonnegative)))
+
+
+def factorize_children(op: LinearOperator, children) -> LinearOperator:
+    """``op`` over its children's factorisations, or NotImplemented when none of them has one."""
+    factored = [c._factorize() for c in children]
+    if all(f is NotImplemented for f in factored):
+        return NotImplemented
+    new = tuple(c if f is NotImplemented else f for c, f in zip(children, factored, strict=True))
+    return op.with_children(new)

@@ -19,7 +19,9 @@ from linops import _tags
 from linops._base import LinearOperator, check_square, describe
 from linops._cg import cg, cg_many
 from linops._composite import Inverse
+from linops._eigen import EigenDecomposed
 from linops._leaves import Dense, check_vector
+from linops._structured import Selection
 
 
 def _check_op(A, what):
@@ -132,9 +134,14 @@ def solve(
 
 
 def inv(A: LinearOperator, *, method: str | None = None, **options) -> LinearOperator:
-    r"""The lazy inverse $A^{-1}$: nothing is computed until it is applied.
+    r"""The inverse $A^{-1}$ as an operator: each product is a solve.
 
-    ``method`` and ``options`` are passed to `linops.solve` at each product.
+    With ``method=None``, a factorisation that the structure has (Cholesky or LU of a dense
+    matrix, and those of the factors of a Kronecker product, a block-diagonal operator, a product)
+    is computed here, once (`linops.factorize`); every product then reuses it, so
+    ``Ai = lo.inv(A); Ai @ (Ai @ v)`` factorises ``A`` once. Structures whose solve is already
+    cheap (diagonal, Woodbury, eigen-decomposed) and ``method="cg"``/``"dense"`` (with ``options``
+    passed to `linops.solve` at each product) compute nothing until applied.
     `linops.simplify` rewrites ``inv(A) @ A`` to the identity.
 
     Example:
@@ -142,6 +149,9 @@ def inv(A: LinearOperator, *, method: str | None = None, **options) -> LinearOpe
         >>> A = lo.Diagonal(jnp.array([2.0, 4.0]))
         >>> lo.inv(A) @ jnp.ones(2)
         Array([0.5 , 0.25], dtype=float32)
+        >>> Ai = lo.inv(lo.Dense(jnp.array([[2.0, 1.0], [1.0, 2.0]]), tags={"psd"}))  # Cholesky, here
+        >>> type(Ai.factored).__name__, (Ai @ (Ai @ jnp.ones(2))).round(4)         # and not again
+        ('Cholesky', Array([0.1111, 0.1111], dtype=float32))
     """
     _check_op(A, "inv")
     check_square(A, "inv")
@@ -150,7 +160,99 @@ def inv(A: LinearOperator, *, method: str | None = None, **options) -> LinearOpe
         raise ValueError(f"inv(method='cg'): {describe(A)} is not tagged psd")
     if isinstance(A, Inverse):
         return A.op
-    return Inverse(A, method, tuple(sorted(options.items())))
+    factored = A._factorize() if method is None else NotImplemented
+    return Inverse(A, method, tuple(sorted(options.items())), factored=None if factored is NotImplemented else factored)
+
+
+def factorize(A: LinearOperator) -> LinearOperator:
+    r"""``A`` held as its factorisation, computed now, once: solves, log-determinants and roots reuse it.
+
+    A PSD dense matrix becomes a `linops.Cholesky`, another dense one a `linops.LU`; a Kronecker
+    product, block-diagonal operator, scaling, transpose or product of square operators is
+    factorised factor by factor. An operator with nothing to factorise (diagonal, eigen-decomposed,
+    low rank plus diagonal, ...) is returned as it is.
+
+    Example:
+        >>> import jax.numpy as jnp, linops as lo
+        >>> A = lo.Dense(jnp.array([[4.0, 2.0], [2.0, 2.0]]), tags={"psd"})
+        >>> K = lo.factorize(lo.Kronecker(A, lo.Identity(2)))
+        >>> type(K.A).__name__, lo.logdet(K)     # 2 log det A = 2 log 4
+        ('Cholesky', Array(2.7725887, dtype=float32))
+    """
+    _check_op(A, "factorize")
+    check_square(A, "factorize")
+    f = A._factorize()
+    return A if f is NotImplemented else f
+
+
+def root(A: LinearOperator) -> LinearOperator:
+    r"""A square-root factor $R$ (shape ``(n, r)``) with $R R^\top = A$, for a PSD ``A``: use it to sample.
+
+    If $z \sim \mathcal N(0, I_r)$ then $R z \sim \mathcal N(0, A)$. The principal square root
+    (`linops.sqrt`) where the structure has one; a triangular Cholesky factor for a dense or
+    `linops.Cholesky` operator; $L^{-\top}$ for its inverse (one triangular solve per sample); the
+    rectangular $[D^{1/2}, U \operatorname{diag}(d)^{1/2}]$ for diagonal plus low rank (and
+    $A^{-1} R$ for its inverse); factor by factor for Kronecker, block-diagonal and scaled operators.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, linops as lo
+        >>> A = lo.Dense(jnp.array([[4.0, 2.0], [2.0, 2.0]]), tags={"psd"})
+        >>> R = lo.root(lo.inv(A))                       # L^-T: R R^T = A^-1
+        >>> jnp.allclose((R @ R.T).as_matrix(), jnp.linalg.inv(A.matrix))
+        Array(True, dtype=bool)
+        >>> samples = R @ jax.random.normal(jax.random.key(0), (R.shape[1], 1000))   # ~ N(0, A^-1)
+    """
+    _check_op(A, "root")
+    check_square(A, "root")
+    if _tags.psd not in A.tags:
+        raise ValueError(f"root: {describe(A)} is not tagged psd (its tags: {sorted(A.tags)}); a square-root factor "
+                         "exists for PSD operators only")
+    if _tags.projector in A.tags:
+        return A
+    return _closed_form(A._root(), A, "root", "lo.sqrt(A, method='dense')")
+
+
+def eigendecompose(A: LinearOperator) -> LinearOperator:
+    r"""A symmetric ``A`` as a `linops.EigenDecomposed` $Q \operatorname{diag}(w) Q^\top$ (eigenvalues unsorted).
+
+    Structured where ``A`` is (a Kronecker product of eigen-decomposed factors; a diagonal with
+    $Q = I$); a dense matrix by `jax.numpy.linalg.eigh`. Afterwards shifts, inverses, roots and
+    log-determinants cost $O(n)$ on the eigenvalues.
+
+    Example:
+        >>> import jax.numpy as jnp, linops as lo
+        >>> A = lo.Dense(jnp.array([[2.0, 1.0], [1.0, 2.0]]), tags={"psd"})
+        >>> E = lo.eigendecompose(lo.Kronecker(A, A))
+        >>> E.w, type(E.Q).__name__
+        (Array([1., 3., 3., 9.], dtype=float32), 'Kronecker')
+    """
+    _check_op(A, "eigendecompose")
+    check_square(A, "eigendecompose")
+    if _tags.symmetric not in A.tags:
+        raise ValueError(f"eigendecompose: {describe(A)} is not tagged symmetric (its tags: {sorted(A.tags)})")
+    E = A._eigendecompose()
+    if E is NotImplemented:
+        wq = _closed_form(A._eigh(), A, "eigendecompose", "lo.Dense(A.as_matrix(), tags={'symmetric'})")
+        E = EigenDecomposed(wq[1], wq[0], nonnegative=True if _tags.psd in A.tags else None)
+    return E
+
+
+def eigvalsh(A: LinearOperator, *, method: str | None = None) -> Float[Array, " n"]:
+    r"""The eigenvalues of a symmetric ``A`` in ascending order (no eigenvectors are formed where avoidable).
+
+    Example:
+        >>> import jax.numpy as jnp, linops as lo
+        >>> lo.eigvalsh(lo.Dense(jnp.array([[2.0, 1.0], [1.0, 2.0]]), tags={"symmetric"}))
+        Array([1., 3.], dtype=float32)
+    """
+    _check_op(A, "eigvalsh")
+    check_square(A, "eigvalsh")
+    _check_method("eigvalsh", method, (None, "dense"))
+    if _tags.symmetric not in A.tags:
+        raise ValueError(f"eigvalsh: {describe(A)} is not tagged symmetric (its tags: {sorted(A.tags)})")
+    if method is None:
+        return _closed_form(A._eigvalsh(), A, "eigvalsh", "method='dense'")
+    return jnp.linalg.eigvalsh(A.as_matrix())
 
 
 def pinv(A: LinearOperator, *, rtol: float | None = None, method: str | None = None) -> LinearOperator:
@@ -359,9 +461,13 @@ def eigh(A: LinearOperator, *, method: str | None = None) -> tuple[Float[Array, 
     if _tags.symmetric not in A.tags:
         raise ValueError(f"eigh: {describe(A)} is not tagged symmetric (its tags: {sorted(A.tags)})")
     if method is None:
-        return _closed_form(A._eigh(), A, "eigh", "method='dense'")
+        wq = A._eigh()
+        if wq is NotImplemented and (E := A._eigendecompose()) is not NotImplemented:
+            order = jnp.argsort(E.w)
+            wq = E.w[order], E.Q @ Selection(order, E.w.shape[0], is_permutation=True).T
+        return _closed_form(wq, A, "eigh", "method='dense'")
     return Dense(A.as_matrix(), tags={_tags.symmetric})._eigh()
 
 
 __all__ = ["Solution", "Estimate", "solve", "inv", "pinv", "sqrt", "diag", "trace", "logdet", "eigh",
-           "hutchinson"]
+           "hutchinson", "factorize", "root", "eigendecompose", "eigvalsh"]

@@ -12,41 +12,16 @@ import numpy as np
 from jax import lax
 
 from linops import _tags
+from linops._arrays import (  # noqa: F401  (re-exported: the helpers were defined here before)
+    as_matrix_array,
+    cutoff_inverse,
+    default_float,
+    default_rtol,
+    is_known_nonnegative,
+)
 from linops._base import LinearOperator, describe, new_key, user_tags
-
-
-def default_float():
-    return jax.dtypes.canonicalize_dtype(jnp.float64)
-
-
-def default_rtol(shape, dtype) -> float:
-    """Relative cut-off for "numerically zero" eigen/singular values."""
-    return max(shape) * float(jnp.finfo(dtype).eps)
-
-
-def is_known_nonnegative(x, declared: bool | None) -> bool:
-    """`declared` wins; otherwise inspect concrete values (a tracer has no sign)."""
-    if declared is not None:
-        return bool(declared)
-    if isinstance(x, jax.core.Tracer):
-        return False
-    return bool(np.all(np.asarray(x) >= 0))
-
-
-def as_matrix_array(x, name: str, ndim: int) -> jax.Array:
-    x = jnp.asarray(x)
-    if x.ndim != ndim:
-        raise ValueError(f"{name}: expected a {ndim}-D array, got shape {tuple(x.shape)}")
-    if not jnp.issubdtype(x.dtype, jnp.inexact):
-        x = x.astype(default_float())
-    return x
-
-
-def cutoff_inverse(w: jax.Array, rtol: float | None, shape) -> jax.Array:
-    """``1/w`` where ``|w| > rtol * max|w|``, else 0 (a RELATIVE cut-off)."""
-    rtol = default_rtol(shape, w.dtype) if rtol is None else rtol
-    keep = jnp.abs(w) > rtol * jnp.max(jnp.abs(w))
-    return jnp.where(keep, 1.0 / jnp.where(keep, w, 1.0), 0.0)
+from linops._eigen import EigenDecomposed
+from linops._factorizations import LU, Cholesky, Triangular
 
 
 def _columns(b):
@@ -145,6 +120,29 @@ class Dense(LinearOperator):
         w, Q = jnp.linalg.eigh(self.matrix)
         return w, Dense(Q, tags={"orthogonal"})
 
+    def _eigvalsh(self):
+        return jnp.linalg.eigvalsh(self.matrix) if _tags.symmetric in self.declared else NotImplemented
+
+    def _eigendecompose(self):
+        wq = self._eigh()
+        if wq is NotImplemented:
+            return wq
+        return EigenDecomposed(wq[1], wq[0], nonnegative=_tags.psd in self.declared or None)
+
+    def _hadamard_square(self):
+        return Dense(self.matrix**2)
+
+    def _factorize(self):
+        if _tags.psd in self.declared:
+            return Cholesky(Triangular(jnp.linalg.cholesky(self.matrix), lower=True))
+        return LU(*jsl.lu_factor(self.matrix))
+
+    def _root(self):
+        # A Cholesky factor: a fraction of the principal root's cost, and all a sample needs.
+        if _tags.psd not in self.declared:
+            return NotImplemented
+        return Triangular(jnp.linalg.cholesky(self.matrix), lower=True)
+
 
 _INV_KEEPS = frozenset({_tags.symmetric, _tags.psd, _tags.diagonal, _tags.orthogonal})
 
@@ -229,6 +227,12 @@ class Diagonal(LinearOperator):
         order = jnp.argsort(self.d)
         return self.d[order], Selection(order, self.shape[0], is_permutation=True).T
 
+    def _eigendecompose(self):
+        return EigenDecomposed(Identity(self.shape[0], self.dtype), self.d, nonnegative=self.nonnegative or None)
+
+    def _hadamard_square(self):
+        return Diagonal(self.d**2, nonnegative=True)
+
 
 class Identity(LinearOperator):
     """The ``n x n`` identity.
@@ -292,6 +296,9 @@ class Identity(LinearOperator):
     def _eigh(self):
         return jnp.ones(self.n, self.dtype), self
 
+    def _hadamard_square(self):
+        return self
+
 
 class Zero(LinearOperator):
     """The ``(m, n)`` zero operator.
@@ -346,6 +353,9 @@ class Zero(LinearOperator):
 
     def _pinv(self, rtol):
         return Zero(self.n, self.m, self.dtype)
+
+    def _hadamard_square(self):
+        return self
 
     def _sqrt(self):
         return self

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
 
-from linops._base import LinearOperator
+from linops._base import CLOSED_FORMS, LinearOperator
 from linops._rules import simplify
 
 
@@ -76,26 +76,19 @@ class Lowered(LinearOperator):
     def transpose(self):
         return Lowered(simplify(self.op.T))
 
-    def _diag(self):
-        return self.op._diag()
 
-    def _solve(self, b):
-        return self.op._solve(b)
 
-    def _logdet(self):
-        return self.op._logdet()
+def _forwarding(name):
+    def hook(self, *args):
+        return getattr(self.op, name)(*args)
 
-    def _sqrt(self):
-        return self.op._sqrt()
+    hook.__name__ = hook.__qualname__ = name
+    return hook
 
-    def _pinv(self, rtol):
-        return self.op._pinv(rtol)
 
-    def _eigh(self):
-        return self.op._eigh()
-
-    def _trace(self):
-        return self.op._trace()
+# Every closed form of the simplified operator, forwarded (a hook added to the base is forwarded too).
+for _name in CLOSED_FORMS:
+    setattr(Lowered, _name, _forwarding(_name))
 
 
 def _make_programs(treedef, static):

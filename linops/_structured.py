@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from linops import _tags
+from linops._arrays import as_matrix_array, cutoff_inverse, is_known_nonnegative
 from linops._base import LinearOperator, new_key, result_dtype
-from linops._leaves import as_matrix_array, cutoff_inverse, is_known_nonnegative
+from linops._composite import factorize_children
 
 
 class LowRank(LinearOperator):
@@ -131,7 +132,7 @@ class Selection(LinearOperator):
     uid: int = eqx.field(static=True)
 
     def __init__(self, indices, n: int, *, dtype=None, is_permutation: bool | None = None):
-        from linops._leaves import default_float
+        from linops._arrays import default_float
 
         indices = jnp.asarray(indices)
         if indices.ndim != 1 or not jnp.issubdtype(indices.dtype, jnp.integer):
@@ -180,6 +181,9 @@ class Selection(LinearOperator):
 
     def _logdet(self):
         return jnp.zeros((), self.dtype) if self.is_permutation else NotImplemented
+
+    def _hadamard_square(self):
+        return self  # entries 0 and 1
 
 
 def _split_points(sizes):
@@ -288,6 +292,27 @@ class BlockDiagonal(LinearOperator):
         Q = BlockDiagonal([o[1] for o in outs]) @ Selection(order, w.shape[0], is_permutation=True).T
         return w[order], Q
 
+    def _root(self):
+        outs = self._per_block("_root")
+        return outs if outs is NotImplemented else BlockDiagonal(outs)
+
+    def _hadamard_square(self):
+        outs = self._per_block("_hadamard_square")
+        return outs if outs is NotImplemented else BlockDiagonal(outs)
+
+    def _eigendecompose(self):
+        outs = self._per_block("_eigendecompose")
+        if outs is NotImplemented or any(not b.is_square for b in self.blocks):
+            return NotImplemented
+        nonnegative = all(o.nonnegative for o in outs) or None
+        return type(outs[0])(BlockDiagonal([o.Q for o in outs]), jnp.concatenate([o.w for o in outs]),
+                             nonnegative=nonnegative)
+
+    def _factorize(self):
+        if any(not b.is_square for b in self.blocks):
+            return NotImplemented
+        return factorize_children(self, self.blocks)
+
 
 class Kronecker(LinearOperator):
     r"""The Kronecker product $A \otimes B$ (row-major: $(A \otimes B)\,\mathrm{vec}(X) = \mathrm{vec}(A X B^\top)$).
@@ -371,17 +396,18 @@ class Kronecker(LinearOperator):
         if not (self.A.is_square and self.B.is_square):
             return NotImplemented
 
-        def one(x):
-            Y = self.A._solve(x.reshape(self.A.shape[0], self.B.shape[0]))
-            if Y is NotImplemented:
-                return Y
-            Z = self.B._solve(Y.T)
-            return Z if Z is NotImplemented else Z.T.reshape(-1)
-
-        if b.ndim == 1:
-            return one(b)
-        cols = [one(b[:, j]) for j in range(b.shape[1])]
-        return NotImplemented if any(c is NotImplemented for c in cols) else jnp.stack(cols, axis=1)
+        # Every right-hand side at once: one solve with each factor, however many columns b has.
+        na, nb = self.A.shape[0], self.B.shape[0]
+        k = b.shape[1:]
+        X = b.reshape((na, nb) + k)
+        Y = self.A._solve(X.reshape(na, -1))  # A^-1 along the first axis
+        if Y is NotImplemented:
+            return Y
+        Y = jnp.moveaxis(Y.reshape((na, nb) + k), 1, 0).reshape(nb, -1)
+        Z = self.B._solve(Y)  # B^-1 along the second axis
+        if Z is NotImplemented:
+            return Z
+        return jnp.moveaxis(Z.reshape((nb, na) + k), 0, 1).reshape(b.shape)
 
     def _inv(self):
         from linops._functions import inv
@@ -401,6 +427,26 @@ class Kronecker(LinearOperator):
     def _sqrt(self):
         ab = self._both("_sqrt")
         return ab if ab is NotImplemented else Kronecker(*ab)
+
+    def _root(self):
+        ab = self._both("_root")  # (R_A R_A^T) kron (R_B R_B^T) = (R_A kron R_B)(R_A kron R_B)^T
+        return ab if ab is NotImplemented else Kronecker(*ab)
+
+    def _hadamard_square(self):
+        ab = self._both("_hadamard_square")  # (A kron B) o (A kron B) = (A o A) kron (B o B)
+        return ab if ab is NotImplemented else Kronecker(*ab)
+
+    def _factorize(self):
+        if not (self.A.is_square and self.B.is_square):
+            return NotImplemented
+        return factorize_children(self, (self.A, self.B))
+
+    def _eigendecompose(self):
+        ab = self._both("_eigendecompose")
+        if ab is NotImplemented:
+            return ab
+        a, b = ab  # (Q_A kron Q_B) diag(w_A kron w_B) (Q_A kron Q_B)^T
+        return type(a)(Kronecker(a.Q, b.Q), jnp.kron(a.w, b.w), nonnegative=(a.nonnegative and b.nonnegative) or None)
 
     def _eigh(self):
         ab = self._both("_eigh")

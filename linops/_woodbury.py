@@ -10,9 +10,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from linops import _tags
-from linops._composite import Scaled, Sum
-from linops._leaves import Diagonal, Identity, Zero
-from linops._structured import LowRank
+from linops._composite import Product, Scaled, Sum
+from linops._leaves import Dense, Diagonal, Identity, Zero
+from linops._structured import LowRank, Selection
 
 
 def _terms(op, scale=1.0):
@@ -79,6 +79,30 @@ def solve(op, b):
     return Z - DinvU @ (c[:, None] * inner if b.ndim == 2 else c * inner)
 
 
+def _orthonormal_shift(parts):
+    r"""``(c, U, d)`` when the sum is $cI + U \operatorname{diag}(d) U^\top$ with orthonormal $U$, else None."""
+    D, lowrank, scalar_D = parts
+    if not scalar_D or len(lowrank) != 1:
+        return None
+    U, d, _, leaf = lowrank[0]
+    return (D, U, d) if leaf.symmetric and leaf.orthonormal else None
+
+
+def inv(op):
+    r"""$(cI + U \operatorname{diag}(d) U^\top)^{-1} = I/c + U \operatorname{diag}(1/(c+d) - 1/c) U^\top$.
+
+    For orthonormal $U$; NotImplemented otherwise.
+    """
+    parts = split(op)
+    shifted = None if parts is None else _orthonormal_shift(parts)
+    if shifted is None:
+        return NotImplemented
+    c, U, d = shifted
+    psd = _tags.psd in op.tags
+    return Sum((Scaled(1.0 / c, Identity(op.shape[0], op.dtype), nonnegative=psd or None),
+                LowRank(U, 1.0 / (c + d) - 1.0 / c, orthonormal=True)))
+
+
 def logdet(op):
     parts = split(op)
     if parts is None:
@@ -88,6 +112,9 @@ def logdet(op):
     log_det_D = n * jnp.log(jnp.abs(D)) if scalar_D else jnp.sum(jnp.log(jnp.abs(D)))
     if not lowrank:
         return log_det_D
+    if (shifted := _orthonormal_shift(parts)) is not None:  # eigenvalues c + d on span U, c elsewhere
+        c, U, d = shifted
+        return jnp.sum(jnp.log(jnp.abs(c + d))) + (n - U.shape[1]) * jnp.log(jnp.abs(c))
     _, _, _, K = _capacitance(D, lowrank)
     return log_det_D + jnp.linalg.slogdet(K)[1]
 
@@ -113,3 +140,31 @@ def sqrt(op):
     rc = jnp.sqrt(D)
     return Sum((Scaled(rc, Identity(n, op.dtype), nonnegative=True),
                 LowRank(U, jnp.sqrt(jnp.clip(D + d, 0.0)) - rc, orthonormal=True)))
+
+
+def root(op):
+    r"""A root $R$ with $R R^\top = D + \sum_j U_j \operatorname{diag}(d_j) U_j^\top$ for a PSD sum.
+
+    The principal square root where `sqrt` has one; otherwise the rectangular
+    $R = [D^{1/2}, U_1 \operatorname{diag}(d_1)^{1/2}, \dots]$ of shape ``(n, n + k)``, applied as
+    a sum of restrictions (nothing ``n x n`` is formed). ``A^{-1} R`` is then a root of $A^{-1}$.
+    """
+    principal = sqrt(op)
+    if principal is not NotImplemented:
+        return principal
+    parts = split(op)
+    if parts is None or _tags.psd not in op.tags:  # psd sum: every term is psd, so each d_j >= 0
+        return NotImplemented
+    D, lowrank, _ = parts
+    if any(not leaf.symmetric for *_, leaf in lowrank):
+        return NotImplemented
+    n = op.shape[0]
+    width = n + sum(u.shape[1] for u, *_ in lowrank)
+    pieces = [Product((Diagonal(jnp.sqrt(jnp.broadcast_to(D, (n,))), nonnegative=True),
+                       Selection(jnp.arange(n), width)))]
+    start = n
+    for U, d, _, _ in lowrank:
+        k = U.shape[1]
+        pieces.append(Product((Dense(U * jnp.sqrt(d)[None, :]), Selection(jnp.arange(start, start + k), width))))
+        start += k
+    return Sum(pieces)

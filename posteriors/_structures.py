@@ -22,7 +22,12 @@ def _full_alpha(alpha, n):
 
 
 class Structure(eqx.Module):
-    """Base: a GGN in structured form. Subclasses implement the methods below."""
+    """Base: a GGN in structured form; a subclass gives the precision as a linops operator.
+
+    Everything else follows from the algebra: the covariance is `linops.inv` of the precision,
+    samples are `linops.root` of the covariance applied to standard normals, the evidence's
+    log-determinant is `linops.logdet` of the precision.
+    """
 
     def factorize(self, alpha, scale):
         """What products and samples at this ``(alpha, scale)`` reuse (e.g. a Cholesky factor)."""
@@ -32,14 +37,15 @@ class Structure(eqx.Module):
         raise NotImplementedError
 
     def covariance(self, alpha, scale, factor) -> lo.LinearOperator:
-        raise NotImplementedError
+        return lo.inv(self.precision(alpha, scale))
 
     def logdet(self, alpha, scale) -> jax.Array:
-        raise NotImplementedError
+        return lo.logdet(self.precision(alpha, scale))
 
     def sample(self, key, n, alpha, scale, factor) -> jax.Array:
-        """``(P, n)`` draws of $\\mathcal N(0, \\Lambda^{-1})$."""
-        raise NotImplementedError
+        """``(P, n)`` draws of $\\mathcal N(0, \\Lambda^{-1})$: a square-root factor of the covariance times $z$."""
+        R = lo.root(self.covariance(alpha, scale, factor))
+        return R @ jax.random.normal(key, (R.shape[1], n), R.dtype)
 
     def logdet_fn(self, scalar_alpha: bool):
         """A function ``(alpha, scale) -> logdet`` for many evaluations (tuning)."""
@@ -52,7 +58,8 @@ class Structure(eqx.Module):
 
 
 class Full(Structure):
-    """The dense GGN: Cholesky of $\\Lambda$; for a scalar prior, its eigenvalues for cheap tuning."""
+    """The dense GGN: the posterior precision held as its Cholesky factor; for a scalar prior, the GGN's
+    eigenvalues for cheap tuning."""
 
     G: jax.Array
 
@@ -60,30 +67,27 @@ class Full(Structure):
         return self.G / scale + jnp.diag(_full_alpha(alpha, self.G.shape[0]).astype(self.G.dtype))
 
     def factorize(self, alpha, scale):
-        L = jnp.linalg.cholesky(self._Lambda(alpha, scale))
-        eye = jnp.eye(L.shape[0], dtype=L.dtype)
-        Sigma = jax.scipy.linalg.cho_solve((L, True), eye)
-        return L, (Sigma + Sigma.T) / 2
+        return lo.factorize(self.precision(alpha, scale))  # a `linops.Cholesky`: L, kept; nothing P x P more
 
     def precision(self, alpha, scale):
         return lo.Dense(self._Lambda(alpha, scale), tags={"psd"})
 
     def covariance(self, alpha, scale, factor):
-        return lo.Dense(factor[1], tags={"psd"})
+        return lo.inv(factor)  # two triangular solves per product
 
     def logdet(self, alpha, scale):
-        return 2.0 * jnp.sum(jnp.log(jnp.diag(jnp.linalg.cholesky(self._Lambda(alpha, scale)))))
-
-    def sample(self, key, n, alpha, scale, factor):
-        L = factor[0]
-        z = jax.random.normal(key, (L.shape[0], n), L.dtype)
-        return jax.scipy.linalg.solve_triangular(L.T, z, lower=False)  # covariance L^-T L^-1 = Lambda^-1
+        return lo.logdet(lo.factorize(self.precision(alpha, scale)))
 
     def logdet_fn(self, scalar_alpha):
         if not scalar_alpha:
             return self.logdet
-        w = jnp.clip(jnp.linalg.eigvalsh(self.G), 0.0)  # once: then O(P) per evaluation
+        w = jnp.clip(lo.eigvalsh(lo.Dense(self.G, tags={"psd"})), 0.0)  # once: then O(P) per evaluation
         return lambda alpha, scale: jnp.sum(jnp.log(w / scale + alpha))
+
+    def quadratic_rows(self, J, alpha, scale, factor):
+        r"""$\|L^{-1} J^\top\|^2$ per row: one triangular solve, a sum of squares (never negative)."""
+        Rt_J = lo.root(self.covariance(alpha, scale, factor)).T @ J.T
+        return jnp.sum(Rt_J**2, axis=0)
 
 
 class Diag(Structure):
@@ -91,21 +95,8 @@ class Diag(Structure):
 
     g: jax.Array
 
-    def _diag(self, alpha, scale):
-        return self.g / scale + alpha
-
     def precision(self, alpha, scale):
-        return lo.Diagonal(self._diag(alpha, scale), nonnegative=True)
-
-    def covariance(self, alpha, scale, factor):
-        return lo.Diagonal(1.0 / self._diag(alpha, scale), nonnegative=True)
-
-    def logdet(self, alpha, scale):
-        return jnp.sum(jnp.log(self._diag(alpha, scale)))
-
-    def sample(self, key, n, alpha, scale, factor):
-        z = jax.random.normal(key, (self.g.shape[0], n), self.g.dtype)
-        return z / jnp.sqrt(self._diag(alpha, scale))[:, None]
+        return lo.Diagonal(self.g / scale + alpha, nonnegative=True)
 
 
 class LowRank(Structure):
@@ -118,13 +109,6 @@ class LowRank(Structure):
         P = self.U.shape[0]
         prior = alpha * lo.Identity(P, self.U.dtype) if jnp.ndim(alpha) == 0 else lo.Diagonal(alpha)
         return lo.LowRank(self.U, jnp.clip(self.lam, 0.0) / scale, orthonormal=True, nonnegative=True) + prior
-
-    def covariance(self, alpha, scale, factor):
-        lam = jnp.clip(self.lam, 0.0) / scale
-        if jnp.ndim(alpha) == 0:  # (lam + a)^-1 on span U, 1/a elsewhere: an explicit low-rank form
-            inner = lo.LowRank(self.U, 1.0 / (lam + alpha) - 1.0 / alpha, orthonormal=True)
-            return lo.shift(inner, 1.0 / alpha, nonnegative=True)
-        return lo.inv(self.precision(alpha, scale))  # Woodbury at every product
 
     def quadratic_rows(self, J, alpha, scale, factor):
         r"""$\Lambda^{-1} = (I - UU^\top)/\alpha + U(\lambda + \alpha)^{-1}U^\top$, a sum of PSD terms.
@@ -140,50 +124,14 @@ class LowRank(Structure):
         residual = J - C @ self.U.T  # the rows' part outside span U
         return jnp.sum(residual**2, axis=1) / alpha + jnp.sum(C**2 / (lam + alpha)[None, :], axis=1)
 
-    def logdet(self, alpha, scale):
-        lam = jnp.clip(self.lam, 0.0) / scale
-        if jnp.ndim(alpha) == 0:
-            P, k = self.U.shape
-            return jnp.sum(jnp.log(lam + alpha)) + (P - k) * jnp.log(alpha)
-        return lo.logdet(self.precision(alpha, scale))
-
-    def sample(self, key, n, alpha, scale, factor):
-        P, k = self.U.shape
-        lam = jnp.clip(self.lam, 0.0) / scale
-        k1, k2 = jax.random.split(key)
-        z = jax.random.normal(k1, (P, n), self.U.dtype)
-        if jnp.ndim(alpha) == 0:  # the principal square root of the covariance
-            root = 1.0 / jnp.sqrt(lam + alpha) - 1.0 / jnp.sqrt(alpha)
-            return z / jnp.sqrt(alpha) + self.U @ (root[:, None] * (self.U.T @ z))
-        # Lambda = D + U L U^T = R R^T with R = [D^1/2, U L^1/2]; Lambda^-1 R z ~ N(0, Lambda^-1)
-        z2 = jax.random.normal(k2, (k, n), self.U.dtype)
-        rhs = jnp.sqrt(alpha)[:, None] * z + self.U @ (jnp.sqrt(lam)[:, None] * z2)
-        return lo.solve(self.precision(alpha, scale), rhs).value
-
 
 class KFAC(Structure):
-    """Per leaf: eigendecompositions of the Kronecker factors (weights), of the exact bias block,
-    or the exact diagonal (leaves outside any dense layer). One prior precision per leaf."""
+    """Per leaf an eigen-decomposed curvature block (`linops.EigenDecomposed`): Kronecker eigenvectors for a
+    weight, dense ones for a bias block, the identity for the exact diagonal of a leaf outside any dense layer.
+    One prior precision per leaf shifts each block's eigenvalues."""
 
-    kinds: tuple = eqx.field(static=True)  # per leaf: "kron", "dense" or "diag"
-    blocks: tuple  # per leaf: (Q1, w1, Q2, w2) | (Q, w) | (g,)
+    blocks: tuple  # per leaf: lo.EigenDecomposed with eigenvalues >= 0
     sizes: tuple = eqx.field(static=True)
-
-    def _eigs(self, i, alpha_i, scale):
-        kind, b = self.kinds[i], self.blocks[i]
-        if kind == "kron":
-            return jnp.kron(b[1], b[3]) / scale + alpha_i
-        if kind == "dense":
-            return b[1] / scale + alpha_i
-        return b[0] / scale + alpha_i
-
-    def _Q(self, i):
-        kind, b = self.kinds[i], self.blocks[i]
-        if kind == "kron":
-            return lo.Kronecker(lo.Dense(b[0], tags={"orthogonal"}), lo.Dense(b[2], tags={"orthogonal"}))
-        if kind == "dense":
-            return lo.Dense(b[0], tags={"orthogonal"})
-        return None
 
     def _leaf_alpha(self, alpha):
         if jnp.ndim(alpha) == 0:
@@ -191,33 +139,9 @@ class KFAC(Structure):
         starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
         return [alpha[s] for s in starts]  # constant per leaf (checked on construction)
 
-    def _block_op(self, i, values):
-        Q = self._Q(i)
-        D = lo.Diagonal(values, nonnegative=True)
-        return D if Q is None else Q @ D @ Q.T
-
     def precision(self, alpha, scale):
-        a = self._leaf_alpha(alpha)
-        return lo.BlockDiagonal([self._block_op(i, self._eigs(i, a[i], scale)) for i in range(len(self.sizes))])
-
-    def covariance(self, alpha, scale, factor):
-        a = self._leaf_alpha(alpha)
-        return lo.BlockDiagonal([self._block_op(i, 1.0 / self._eigs(i, a[i], scale)) for i in range(len(self.sizes))])
-
-    def logdet(self, alpha, scale):
-        a = self._leaf_alpha(alpha)
-        return sum(jnp.sum(jnp.log(self._eigs(i, a[i], scale))) for i in range(len(self.sizes)))
-
-    def sample(self, key, n, alpha, scale, factor):
-        a = self._leaf_alpha(alpha)
-        keys = jax.random.split(key, len(self.sizes))
-        parts = []
-        for i in range(len(self.sizes)):
-            ev = self._eigs(i, a[i], scale)
-            z = jax.random.normal(keys[i], (self.sizes[i], n), ev.dtype) / jnp.sqrt(ev)[:, None]
-            Q = self._Q(i)
-            parts.append(z if Q is None else Q @ z)
-        return jnp.concatenate(parts, axis=0)
+        return lo.BlockDiagonal([lo.shift(lo.EigenDecomposed(B.Q, B.w / scale, nonnegative=True), a, nonnegative=True)
+                                 for B, a in zip(self.blocks, self._leaf_alpha(alpha), strict=True)])
 
 
 __all__ = ["Diag", "Full", "KFAC", "LowRank", "Structure"]

@@ -226,8 +226,8 @@ def _fit(structure, fn, params, X, Y, likelihood, batch_size, rank, num_steps, k
     itemsize = np.dtype(flat.dtype).itemsize
     G = lo.GGNOp(fn, params, X, Y, likelihood, batch_size=batch_size, mesh=mesh)
     if structure == "full":
-        check_fits(3 * P * P * itemsize, f"{who}(structure='full') with {P} parameters (the GGN, its Cholesky "
-                   "factor and the covariance)", "use structure='diag', 'kfac', 'lowrank' or 'last_layer'")
+        check_fits(3 * P * P * itemsize, f"{who}(structure='full') with {P} parameters (the GGN, the precision "
+                   "and its Cholesky factor)", "use structure='diag', 'kfac', 'lowrank' or 'last_layer'")
         return S.Full(G.as_matrix())
     if structure == "diag":
         return S.Diag(lo.diag(G))
@@ -247,18 +247,17 @@ def _fit(structure, fn, params, X, Y, likelihood, batch_size, rank, num_steps, k
                          f"{[names[i] for i in K.other_leaves]}; pass kfac_fallback='diag' to give them the exact "
                          "GGN diagonal")
     diag = lo.diag(G) if K.other_leaves else None
-    kinds, blocks = [None] * len(leaves), [None] * len(leaves)
+    blocks = [None] * len(leaves)
     for (first, second), w, b, B in zip(K.factors, K.weight_leaves, K.bias_leaves, K.bias_blocks, strict=True):
-        w1, Q1 = jnp.linalg.eigh(first)
-        w2, Q2 = jnp.linalg.eigh(second)
-        kinds[w], blocks[w] = "kron", (Q1, jnp.clip(w1, 0.0), Q2, jnp.clip(w2, 0.0))
+        blocks[w] = lo.eigendecompose(lo.Kronecker(lo.Dense(first, tags={"psd"}), lo.Dense(second, tags={"psd"})))
         if b is not None:
-            wb, Qb = jnp.linalg.eigh(B)
-            kinds[b], blocks[b] = "dense", (Qb, jnp.clip(wb, 0.0))
+            blocks[b] = lo.eigendecompose(lo.Dense(B, tags={"psd"}))
     starts = np.concatenate([[0], np.cumsum(K.leaf_sizes)])
-    for i in K.other_leaves:
-        kinds[i], blocks[i] = "diag", (diag[starts[i]:starts[i + 1]],)
-    return S.KFAC(tuple(kinds), tuple(blocks), K.leaf_sizes)
+    for i in K.other_leaves:  # the exact GGN diagonal: eigenvectors the identity
+        blocks[i] = lo.eigendecompose(lo.Diagonal(diag[starts[i]:starts[i + 1]]))
+    # round-off leaves tiny negative eigenvalues of a PSD curvature: clip them
+    blocks = [lo.EigenDecomposed(B.Q, jnp.clip(B.w, 0.0), nonnegative=True) for B in blocks]
+    return S.KFAC(tuple(blocks), K.leaf_sizes)
 
 
 def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: str = "full", prior_precision=1.0,

@@ -70,7 +70,8 @@ class Subnetwork(eqx.Module):
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes of the arrays `subnetwork_laplace` keeps: three ``S x S`` matrices (GGN, Cholesky, covariance)."""
+        """Bytes of the ``S x S`` arrays `subnetwork_laplace` needs at its peak: three (the GGN, the posterior
+        precision and its Cholesky factor); it keeps two (the GGN and the factor)."""
         return _SQUARES * self.size**2 * self.itemsize
 
 
@@ -341,7 +342,7 @@ def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Sub
     if subnetwork.num_params != P:
         raise ValueError(f"{who}: the subnetwork indexes {subnetwork.num_params} parameters but params have {P}")
     check_fits(subnetwork.memory_bytes, f"{who} over {s} weights ({format_bytes(subnetwork.memory_bytes)} for its "
-               "GGN, Cholesky factor and covariance)", "choose fewer weights: posteriors.subnetwork.size_for_memory "
+               "GGN, precision and Cholesky factor)", "choose fewer weights: posteriors.subnetwork.size_for_memory "
                "gives the largest S that fits")
     X, Y = data
     indices = np.asarray(subnetwork.indices)

@@ -93,6 +93,7 @@ SQUARE_KINDS = (
     "dense", "dense_psd", "dense_symmetric", "diagonal", "diagonal_positive", "identity", "zero",
     "lowrank", "lowrank_orthonormal", "lowrank_general", "function", "block_diagonal", "kronecker",
     "projector_row", "projector_null", "complement", "mask", "permutation", "inverse_spd", "lineax",
+    "eigen", "eigen_psd", "eigen_kronecker", "cholesky", "triangular", "lu", "inverse_dense",
 )
 
 
@@ -113,7 +114,7 @@ def operators(draw, n: int | None = None, dtype=np.float64, kinds=SQUARE_KINDS) 
     """
     n = draw(st.sampled_from(SIZES)) if n is None else n
     rng = _rng(draw)
-    allowed = [k for k in kinds if not (k == "kronecker" and n not in (4, 6))]
+    allowed = [k for k in kinds if not (k in ("kronecker", "eigen_kronecker") and n not in (4, 6))]
     allowed = [k for k in allowed if not (k in ("block_diagonal", "mask") and n < 2)]
     kind = draw(st.sampled_from(allowed))
     a = lambda x: _arr(x, dtype)  # noqa: E731
@@ -190,12 +191,36 @@ def operators(draw, n: int | None = None, dtype=np.float64, kinds=SQUARE_KINDS) 
         M = rng.standard_normal((n, n))
         Mj = a(M)
         return Case(lo.from_lineax(lx.FunctionLinearOperator(lambda v: Mj @ v, Mj[0])), M)
+    if kind in ("eigen", "eigen_psd"):
+        Q = _orthonormal(rng, n, n)
+        w = rng.standard_normal(n)
+        w = np.abs(w) + 0.1 if kind == "eigen_psd" else w
+        return Case(lo.EigenDecomposed(lo.Dense(a(Q), tags={"orthogonal"}), a(w)), Q @ np.diag(w) @ Q.T)
+    if kind == "eigen_kronecker":
+        left = draw(operators(2, dtype, kinds=("eigen_psd",)))
+        right = draw(operators(n // 2, dtype, kinds=("eigen_psd", "dense_psd")))
+        E = lo.eigendecompose(lo.Kronecker(left.op, lo.eigendecompose(right.op)))
+        return Case(E, np.kron(left.dense, right.dense))
+    if kind == "cholesky":
+        M = _spd(rng, n)
+        return Case(lo.Cholesky(a(np.linalg.cholesky(M))), M)
+    if kind == "triangular":
+        L = np.tril(rng.standard_normal((n, n))) + 2.0 * np.eye(n)
+        lower = draw(st.booleans())
+        M = L if lower else L.T
+        return Case(lo.Triangular(a(M), lower=lower), M)
+    if kind in ("lu", "inverse_dense"):
+        M = rng.standard_normal((n, n)) + 3.0 * np.eye(n)
+        if kind == "lu":
+            return Case(lo.factorize(lo.Dense(a(M))), M)
+        return Case(lo.inv(lo.Dense(a(M))), np.linalg.inv(M))
     assert kind == "inverse_spd"
     M = _spd(rng, n)
     return Case(lo.inv(lo.Dense(a(M), tags={"psd"})), np.linalg.inv(M))
 
 
-_SIMPLE = ("dense", "dense_psd", "diagonal", "diagonal_positive", "identity", "lowrank_orthonormal")
+_SIMPLE = ("dense", "dense_psd", "diagonal", "diagonal_positive", "identity", "lowrank_orthonormal", "eigen_psd",
+           "cholesky", "triangular")
 
 
 @st.composite
