@@ -10,10 +10,17 @@ Example:
     Array(True, dtype=bool)
 """
 
-from linops import kernels, likelihoods, memory, models, tags
+from linops import (
+    _woodbury,  # noqa: F401  (registers the Woodbury closed forms of sums)
+    kernels,
+    likelihoods,
+    memory,
+    models,
+    tags,
+)
 from linops._alternating import AlternatingProjectionOp, Projection
 from linops._base import LinearOperator, new_key
-from linops._composite import Inverse, Product, Scaled, Sum, Transpose, shift
+from linops._composite import Inverse, Product, Scaled, Sum, Transpose
 from linops._eigen import EigenDecomposed
 from linops._factorizations import LU, Cholesky, Triangular
 from linops._functions import (
@@ -29,6 +36,7 @@ from linops._functions import (
     logdet,
     pinv,
     root,
+    shift,
     solve,
     sqrt,
     trace,

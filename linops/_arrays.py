@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+def describe(op: Any) -> str:
+    """`Dense(3, 4)`-style name used in every error message (an operator, an array, or anything)."""
+    if hasattr(op, "mv") and hasattr(op, "signature"):  # a LinearOperator (duck-typed: no import of the base)
+        return f"{type(op).__name__}{tuple(op.shape)}"
+    shape = getattr(op, "shape", None)
+    return f"array of shape {tuple(shape)}" if shape is not None else repr(op)
+
+
+def is_scalar_like(x: Any) -> bool:
+    if isinstance(x, (int, float, np.number)) and not isinstance(x, bool):
+        return True
+    return isinstance(x, (jax.Array, np.ndarray)) and x.ndim == 0
 
 
 def default_float():

@@ -13,6 +13,8 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Inexact
 
 from linops import _tags
+from linops._arrays import describe, is_scalar_like  # noqa: F401  (re-exported: defined here before)
+from linops.memory import check_dense
 
 _counter = itertools.count()
 
@@ -32,18 +34,13 @@ def new_key() -> int:
     return next(_counter)
 
 
-def describe(op: Any) -> str:
-    """`Dense(3, 4)`-style name used in every error message."""
-    if isinstance(op, LinearOperator):
-        return f"{type(op).__name__}{tuple(op.shape)}"
-    shape = getattr(op, "shape", None)
-    return f"array of shape {tuple(shape)}" if shape is not None else repr(op)
+_COMPOSITES: dict[str, Any] = {}
 
 
-def is_scalar_like(x: Any) -> bool:
-    if isinstance(x, (int, float, np.number)) and not isinstance(x, bool):
-        return True
-    return isinstance(x, (jax.Array, np.ndarray)) and x.ndim == 0
+def register_composites(**constructors) -> None:
+    """Called once by `linops._composite`: the classes the operator syntax builds (``A @ B``, ``A + B``,
+    ``c * A``, ``A.T``). The base imports no composite, so the algebra has no import cycle."""
+    _COMPOSITES.update(constructors)
 
 
 class LinearOperator(eqx.Module):
@@ -92,9 +89,9 @@ class LinearOperator(eqx.Module):
         return jax.vmap(self.rmv, in_axes=1, out_axes=1)(U)
 
     def transpose(self) -> LinearOperator:
-        from linops._composite import Transpose
-
-        return Transpose(self)
+        if _tags.symmetric in self.tags:  # a tag-driven default: a symmetric operator is its own transpose
+            return self
+        return _COMPOSITES["Transpose"](self)
 
     # --- closed forms: return NotImplemented where the structure gives none ---------
 
@@ -141,9 +138,12 @@ class LinearOperator(eqx.Module):
         return NotImplemented
 
     def _eigvalsh(self):
-        """The eigenvalues in ascending order (default: those of `_eigh`)."""
+        """The eigenvalues in ascending order (default: those of `_eigh`, else of `_eigendecompose`)."""
         wq = self._eigh()
-        return NotImplemented if wq is NotImplemented else wq[0]
+        if wq is not NotImplemented:
+            return wq[0]
+        E = self._eigendecompose()
+        return NotImplemented if E is NotImplemented else jnp.sort(E.w)
 
     def _shift(self, lam, nonnegative):
         """A structured operator equal to ``A + lam I`` (used by `linops.shift`), else NotImplemented."""
@@ -192,8 +192,6 @@ class LinearOperator(eqx.Module):
 
         Raises `linops.memory.MemoryBudgetError` first when the matrix would not fit.
         """
-        from linops.memory import check_dense
-
         check_dense(self)
         return self.mm(jnp.eye(self.shape[1], dtype=self.dtype))
 
@@ -211,9 +209,7 @@ class LinearOperator(eqx.Module):
 
     def __matmul__(self, other):
         if isinstance(other, LinearOperator):
-            from linops._composite import Product
-
-            return Product((self, other))
+            return _COMPOSITES["Product"]((self, other))
         if isinstance(other, (jax.Array, np.ndarray, list, tuple)):
             return self.apply(other)
         return NotImplemented
@@ -231,44 +227,42 @@ class LinearOperator(eqx.Module):
     def __add__(self, other):
         if not isinstance(other, LinearOperator):
             return NotImplemented
-        from linops._composite import Sum
-
-        return Sum((self, other))
+        return _COMPOSITES["Sum"]((self, other))
 
     def __sub__(self, other):
         if not isinstance(other, LinearOperator):
             return NotImplemented
-        from linops._composite import Scaled, Sum
-
         if tuple(self.shape) != tuple(other.shape):
             raise ValueError(f"Sum: cannot add {describe(self)} and {describe(other)}: shapes differ")
-        return Sum((self, Scaled(-1.0, other)))
+        return _COMPOSITES["Sum"]((self, _COMPOSITES["Scaled"](-1.0, other)))
 
     def __neg__(self):
-        from linops._composite import Scaled
-
-        return Scaled(-1.0, self)
+        return _COMPOSITES["Scaled"](-1.0, self)
 
     def __mul__(self, other):
         if not is_scalar_like(other):
             return NotImplemented
-        from linops._composite import Scaled
-
-        return Scaled(other, self)
+        return _COMPOSITES["Scaled"](other, self)
 
     __rmul__ = __mul__
 
     def __truediv__(self, other):
         if not is_scalar_like(other):
             return NotImplemented
-        from linops._composite import Scaled
-
-        return Scaled(1.0 / other, self)
+        return _COMPOSITES["Scaled"](1.0 / other, self)
 
 
 CLOSED_FORMS = ("_diag", "_solve", "_inv", "_pinv", "_sqrt", "_logdet", "_eigh", "_trace", "_root", "_factorize",
                 "_eigendecompose", "_eigvalsh", "_shift", "_hadamard_square")
 """The structure hooks: each returns its closed form or ``NotImplemented`` (a wrapper forwards all of them)."""
+
+
+def factorize_children(op: LinearOperator, children) -> LinearOperator:
+    """``op`` over its children's factorisations (`_factorize`), or NotImplemented when none has one."""
+    factored = [c._factorize() for c in children]
+    if all(f is NotImplemented for f in factored):
+        return NotImplemented
+    return op.with_children(tuple(c if f is NotImplemented else f for c, f in zip(children, factored, strict=True)))
 
 
 def check_square(op: LinearOperator, what: str) -> None:

@@ -1,9 +1,15 @@
 """Conjugate gradients with a relative stopping rule and its convergence information.
 
 Written here rather than taken from lineax because the solve must (a) return the step
-count and residual as values, and (b) work in float32 at n ~ 1e5: the right-hand side is
+count and residual as values, and (b) work in float32 at n ~ 1e5: each right-hand side is
 normalised to unit length first, so the iteration never sees the problem's absolute scale
 (lineax's CG declares a breakdown on such problems unless the operator is rescaled).
+
+ONE implementation, `cg`, with one stopping rule: for one vector, or for independent CGs on
+the columns of a block run in step (a stopped column is frozen; the matvec is applied to the
+whole block, so it may be a sweep of several vectors at once, or one with collectives on a mesh
+``axis``). `cg_many` adapts a matvec of one vector to a block. `linops.solve` uses both;
+alternating projections use `cg` on one device and on the column blocks of a mesh.
 """
 
 from __future__ import annotations
@@ -13,75 +19,97 @@ import jax.numpy as jnp
 from jax import lax
 
 
-def cg(matvec, b, *, x0=None, rtol, atol, maxiter, precondition=None, callback=None, patience=None):
-    """Solve ``A x = b`` for one vector ``b``; returns ``(x, converged, steps, residual_norm)``.
+def cg(matvec, b, *, x0=None, rtol, atol=0.0, maxiter, precondition=None, callback=None, patience=None,
+       axis=None):
+    """Solve ``A x = b`` for ``b`` of shape ``(n,)``, or for each column of ``b`` ``(n, k)``.
 
-    ``callback(step, relative_residual)`` is called on the host after each step (for progress).
-    ``patience``: when set, keep the iterate with the smallest residual and stop once ``patience``
-    steps have passed without a new smallest residual: in finite precision the residual of a
-    semi-definite or badly conditioned problem levels off and then grows, and the best iterate
-    is returned instead of the last. (``converged`` stays False unless the tolerance was met.)
+    Returns ``(x, converged, steps, residual_norm)``: ``x`` shaped like ``b``; the others scalars,
+    or one per column. ``matvec`` and ``precondition`` act on arrays shaped like ``b``.
+
+    A column stops when ``||r|| <= max(rtol ||b||, atol)`` (``atol``: a scalar, or one per
+    column), on a breakdown (``pᵀAp <= 0`` or NaN: not positive definite along ``p``), or after
+    ``maxiter`` steps. ``patience``: when set, keep each column's iterate with the smallest
+    residual and stop the column once ``patience`` steps have passed without a new smallest
+    residual: in finite precision the residual of a semi-definite or badly conditioned problem
+    levels off and then grows, and the best iterate is returned instead of the last.
+    (``converged`` stays False unless the tolerance was met.)
+    ``callback(step, relative_residual)`` is called on the host after each step (for progress;
+    for a block, with the largest over the columns).
+    ``axis``: run inside `jax.shard_map` with the columns split over the devices of this mesh
+    axis; every device steps (and calls ``matvec``) until all columns on all devices have stopped.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> x, converged, steps, _ = cg(lambda v: 2.0 * v, jnp.ones(3), rtol=1e-6, maxiter=5)
+        >>> x.round(5), converged, steps
+        (Array([0.5, 0.5, 0.5], dtype=float32), Array(True, dtype=bool), Array(1, dtype=int32))
+        >>> A = jnp.array([[4.0, 1.0], [1.0, 3.0]])
+        >>> X, converged, steps, _ = cg(lambda X: A @ X, jnp.eye(2), rtol=1e-6, maxiter=10)
+        >>> converged, steps
+        (Array([ True,  True], dtype=bool), Array([2, 2], dtype=int32))
     """
     precondition = precondition or (lambda r: r)
+    dot = lambda u, v: jnp.sum(u * v, axis=0)  # noqa: E731  (one inner product per column)
+    norm = lambda u: jnp.sqrt(dot(u, u))  # noqa: E731
+    each = (lambda c: c) if b.ndim == 1 else (lambda c: c[None, :])  # noqa: E731  (a column's scalar, broadcast)
     # ||b|| itself over/underflows in float32 for |b| ~ 1e+-20: take it after dividing by max|b|.
-    b_max = jnp.max(jnp.abs(b))
+    b_max = jnp.max(jnp.abs(b), axis=0)
     b_max = jnp.where(b_max > 0, b_max, 1.0)
-    b_norm = b_max * jnp.linalg.norm(b / b_max)
+    b_norm = b_max * norm(b / each(b_max))
     scale = jnp.where(b_norm > 0, b_norm, 1.0)
-    b_hat = b / scale
-    x = jnp.zeros_like(b_hat) if x0 is None else x0 / scale
-    r = b_hat - matvec(x)
+    b_hat = b / each(scale)
+    x = jnp.zeros_like(b_hat) if x0 is None else x0 / each(scale)
+    r = b_hat if x0 is None else b_hat - matvec(x)
     z = precondition(r)
-    p = z
-    rz = jnp.vdot(r, z)
     # Stop at ||r|| <= max(rtol ||b||, atol), measured in the normalised problem.
     threshold = jnp.maximum(rtol, atol / scale)
-
+    res = norm(r)
     track = patience is not None
-    patience = 0 if patience is None else int(patience)
+    never = jnp.zeros(b.shape[1:], jnp.int32)
+    best = (x, res, never) if track else ()
 
     def cond(state):
-        _, r, _, _, k, broke, best = state
-        going = (jnp.linalg.norm(r) > threshold) & (k < maxiter) & ~broke
-        if track:
-            going &= k - best[2] < patience
-        return going
+        k, active = state[4], state[5]
+        going = jnp.any(active)
+        if axis is not None:
+            going = lax.pmax(going.astype(jnp.int32), axis) > 0
+        return going & (k < maxiter)
 
     def body(state):
-        x, r, p, rz, k, _, best = state
-        Ap = matvec(p)
-        pAp = jnp.vdot(p, Ap)
-        broke = ~(pAp > 0)  # not positive definite along p (or NaN): stop, report it
-        alpha = jnp.where(broke, 0.0, rz / jnp.where(broke, 1.0, pAp))
-        x = x + alpha * p
-        r = r - alpha * Ap
+        x, r, p, rz, k, active, steps, best = state
+        steps = steps + active.astype(jnp.int32)
+        Ap = matvec(p)  # on every column, stopped or not (a matvec with collectives needs all devices)
+        pAp = dot(p, Ap)
+        ok = active & (pAp > 0)
+        alpha = jnp.where(ok, rz / jnp.where(ok, pAp, 1.0), 0.0)
+        x = x + each(alpha) * p
+        r = r - each(alpha) * Ap
         z = precondition(r)
-        rz_new = jnp.vdot(r, z)
-        beta = jnp.where(broke | (rz == 0), 0.0, rz_new / jnp.where(rz == 0, 1.0, rz))
-        p = z + beta * p
-        res = jnp.linalg.norm(r)
+        rz_new = dot(r, z)
+        beta = jnp.where(ok & (rz != 0), rz_new / jnp.where(rz == 0, 1.0, rz), 0.0)
+        p = jnp.where(each(ok), z + each(beta) * p, p)
+        rz = jnp.where(ok, rz_new, rz)
+        res = norm(r)
         if callback is not None:
-            jax.debug.callback(callback, k + 1, res)
+            jax.debug.callback(callback, k + 1, jnp.max(res))
+        active = ok & (res > threshold)
         if track:
-            better = res < best[1]
-            best = (jnp.where(better, x, best[0]), jnp.where(better, res, best[1]), jnp.where(better, k + 1, best[2]))
-        return x, r, p, rz_new, k + 1, broke, best
+            better = ok & (res < best[1])
+            best = (jnp.where(each(better), x, best[0]), jnp.where(better, res, best[1]),
+                    jnp.where(better, k + 1, best[2]))
+            active &= k + 1 - best[2] < patience
+        return x, r, p, rz, k + 1, active, steps, best
 
-    r0 = jnp.linalg.norm(r)
-    best = (x, r0, jnp.asarray(0, jnp.int32)) if track else ()
-    state = (x, r, p, rz, jnp.asarray(0, jnp.int32), jnp.asarray(False), best)
-    x, r, _, _, steps, _, best = lax.while_loop(cond, body, state)
-    res = jnp.linalg.norm(r)
+    state = (x, r, z, dot(r, z), jnp.asarray(0, jnp.int32), res > threshold, never, best)
+    x, r, *_, steps, best = lax.while_loop(cond, body, state)
+    res = norm(r)
     if track:
         x, res = best[0], best[1]
-    converged = (res <= threshold) & jnp.all(jnp.isfinite(x))
-    return x * scale, converged, steps.astype(jnp.int32), res * scale
+    converged = (res <= threshold) & jnp.all(jnp.isfinite(x), axis=0)
+    return x * each(scale), converged, steps, res * scale
 
 
-def cg_many(matvec, B, **kw):
-    """`cg` on each column of ``B`` (shape ``(n, k)``)."""
-    x0 = kw.pop("x0", None)
-    fn = lambda b, x: cg(matvec, b, x0=x, **kw)  # noqa: E731
-    in_axes = (1, None if x0 is None else 1)
-    x, conv, steps, res = jax.vmap(fn, in_axes=in_axes, out_axes=(1, 0, 0, 0))(B, x0)
-    return x, conv, steps, res
+def cg_many(matvec, B, *, precondition=None, **options):
+    """`cg` on each column of ``B`` ``(n, k)``, with ``matvec`` (and ``precondition``) of one vector ``(n,)``."""
+    columns = lambda f: None if f is None else jax.vmap(f, in_axes=1, out_axes=1)  # noqa: E731
+    return cg(columns(matvec), B, precondition=columns(precondition), **options)

@@ -7,20 +7,18 @@ names the explicit alternatives (``method="cg"``, ``"exact"``, ``"hutchinson"``,
 
 from __future__ import annotations
 
-from typing import Any
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jaxtyping import Array, ArrayLike, Bool, Float, Inexact, Int, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Float, Inexact, PRNGKeyArray
 
 from linops import _tags
+from linops._arrays import is_known_nonnegative
 from linops._base import LinearOperator, check_square, describe
-from linops._cg import cg, cg_many
-from linops._composite import Inverse
+from linops._composite import Scaled, Sum, inverse_of
 from linops._eigen import EigenDecomposed
-from linops._leaves import Dense, check_vector
+from linops._leaves import Dense, Identity, check_vector
+from linops._solvers import Solution, closed_form, solve_checked
 from linops._structured import Selection
 
 
@@ -29,37 +27,12 @@ def _check_op(A, what):
         raise TypeError(f"{what}: expected a linops.LinearOperator, got {type(A).__name__}")
 
 
-def _closed_form(result, A, what, alternatives):
-    """``result`` of a structure hook, or the error naming the explicit alternatives."""
-    if result is NotImplemented:
-        raise ValueError(f"{what}: {describe(A)} has no closed form here; choose a method explicitly: {alternatives}")
-    return result
+_closed_form = closed_form
 
 
 def _check_method(what, method, allowed):
     if method not in allowed:
         raise ValueError(f"{what}: unknown method {method!r}; expected one of {allowed}")
-
-
-class Solution(eqx.Module):
-    """The result of `linops.solve`.
-
-    Attributes:
-        value: the solution ``x``, shaped like ``b``.
-        converged: whether the stopping rule was met (always True for direct methods).
-        num_steps: iterations taken (0 for direct methods); one per column of ``b``.
-        residual_norm: ``||b - A x||`` as the iteration measured it (NaN for direct methods).
-    """
-
-    value: Inexact[Array, " n *k"]
-    converged: Bool[Array, " *k"]
-    num_steps: Int[Array, " *k"]
-    residual_norm: Inexact[Array, " *k"]
-
-
-def _direct(x):
-    k = () if x.ndim == 1 else (x.shape[1],)
-    return Solution(x, jnp.ones(k, bool), jnp.zeros(k, jnp.int32), jnp.full(k, jnp.nan, x.dtype))
 
 
 def solve(
@@ -107,30 +80,27 @@ def solve(
     check_square(A, "solve")
     _check_method("solve", method, (None, "cg", "dense"))
     b = check_vector(A, b, "solve", A.shape[0])
-    if method is None:
-        return _direct(_closed_form(A._solve(b), A, "solve", "method='cg' (A tagged psd) or method='dense'"))
-    if method == "dense":
-        M = A.as_matrix()
-        return _direct(jnp.linalg.solve(M, b if b.ndim == 2 else b[:, None]).reshape(b.shape))
-    if _tags.psd not in A.tags:
-        raise ValueError(
-            f"solve(method='cg'): {describe(A)} is not tagged psd (its tags: {sorted(A.tags)}); "
-            "CG needs a symmetric positive definite operator. Declare it (e.g. "
-            "lo.Dense(M, tags={'psd'}) or lo.shift(G, lam, nonnegative=True)) or use method='dense'"
-        )
-    dtype = jnp.result_type(A.dtype, b.dtype)
-    b = b.astype(dtype)
-    options: dict[str, Any] = dict(
-        rtol=float(np.sqrt(np.finfo(dtype).eps)) if rtol is None else rtol,  # NumPy: static under jit
-        atol=atol,
-        maxiter=10 * A.shape[0] if maxiter is None else maxiter,
-        precondition=None if preconditioner is None else preconditioner.mv,
-    )
-    if b.ndim == 1:
-        x, conv, steps, res = cg(A.mv, b, x0=x0, **options)
-    else:
-        x, conv, steps, res = cg_many(A.mv, b, x0=x0, **options)
-    return Solution(x, conv, steps, res)
+    return solve_checked(A, b, method, rtol=rtol, atol=atol, maxiter=maxiter, preconditioner=preconditioner, x0=x0)
+
+
+def shift(A: LinearOperator, lam, *, nonnegative: bool | None = None) -> LinearOperator:
+    r"""$A + \lambda I$, with the sign of $\lambda$ declared so PSD-ness is kept under tracing.
+
+    A traced $\lambda$ has no sign to inspect, so ``shift(G, lam, nonnegative=True)`` is how
+    a PSD curvature plus a prior precision stays tagged PSD inside `jax.jit`.
+
+    Example:
+        >>> import jax.numpy as jnp, linops as lo
+        >>> G = lo.Dense(jnp.array([[2.0, 1.0], [1.0, 2.0]]), tags={"psd"})
+        >>> "psd" in lo.shift(G, 0.5).tags
+        True
+    """
+    if not A.is_square:
+        raise ValueError(f"shift: expected a square operator, got {describe(A)}")
+    structured = A._shift(lam, is_known_nonnegative(lam, nonnegative))
+    if structured is not NotImplemented:  # e.g. an eigen-decomposed operator: its eigenvalues move
+        return structured
+    return Sum((A, Scaled(lam, Identity(A.shape[0], A.dtype), nonnegative=nonnegative)))
 
 
 def inv(A: LinearOperator, *, method: str | None = None, **options) -> LinearOperator:
@@ -158,10 +128,7 @@ def inv(A: LinearOperator, *, method: str | None = None, **options) -> LinearOpe
     _check_method("inv", method, (None, "cg", "dense"))
     if method == "cg" and _tags.psd not in A.tags:
         raise ValueError(f"inv(method='cg'): {describe(A)} is not tagged psd")
-    if isinstance(A, Inverse):
-        return A.op
-    factored = A._factorize() if method is None else NotImplemented
-    return Inverse(A, method, tuple(sorted(options.items())), factored=None if factored is NotImplemented else factored)
+    return inverse_of(A, method, tuple(sorted(options.items())))
 
 
 def factorize(A: LinearOperator) -> LinearOperator:
@@ -469,5 +436,5 @@ def eigh(A: LinearOperator, *, method: str | None = None) -> tuple[Float[Array, 
     return Dense(A.as_matrix(), tags={_tags.symmetric})._eigh()
 
 
-__all__ = ["Solution", "Estimate", "solve", "inv", "pinv", "sqrt", "diag", "trace", "logdet", "eigh",
+__all__ = ["Solution", "Estimate", "shift", "solve", "inv", "pinv", "sqrt", "diag", "trace", "logdet", "eigh",
            "hutchinson", "factorize", "root", "eigendecompose", "eigvalsh"]

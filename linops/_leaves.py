@@ -22,6 +22,7 @@ from linops._arrays import (  # noqa: F401  (re-exported: the helpers were defin
 from linops._base import LinearOperator, describe, new_key, user_tags
 from linops._eigen import EigenDecomposed
 from linops._factorizations import LU, Cholesky, Triangular
+from linops.memory import check_dense
 
 
 def _columns(b):
@@ -196,8 +197,6 @@ class Diagonal(LinearOperator):
         return self
 
     def as_matrix(self):
-        from linops.memory import check_dense
-
         check_dense(self)
         return jnp.diag(self.d)
 
@@ -220,12 +219,6 @@ class Diagonal(LinearOperator):
         if not self.nonnegative:
             return NotImplemented
         return Diagonal(jnp.sqrt(self.d), nonnegative=True)
-
-    def _eigh(self):
-        from linops._structured import Selection
-
-        order = jnp.argsort(self.d)
-        return self.d[order], Selection(order, self.shape[0], is_permutation=True).T
 
     def _eigendecompose(self):
         return EigenDecomposed(Identity(self.shape[0], self.dtype), self.d, nonnegative=self.nonnegative or None)
@@ -293,8 +286,8 @@ class Identity(LinearOperator):
     def _logdet(self):
         return jnp.zeros((), self.dtype)
 
-    def _eigh(self):
-        return jnp.ones(self.n, self.dtype), self
+    def _eigendecompose(self):
+        return EigenDecomposed(self, jnp.ones(self.n, self.dtype), nonnegative=True)
 
     def _hadamard_square(self):
         return self

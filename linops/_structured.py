@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from linops import _tags
-from linops._arrays import as_matrix_array, cutoff_inverse, is_known_nonnegative
-from linops._base import LinearOperator, new_key, result_dtype
-from linops._composite import factorize_children
+from linops._arrays import as_matrix_array, cutoff_inverse, default_float, is_known_nonnegative
+from linops._base import LinearOperator, factorize_children, new_key, result_dtype
+from linops._products import inverse_of
 
 
 class LowRank(LinearOperator):
@@ -132,8 +132,6 @@ class Selection(LinearOperator):
     uid: int = eqx.field(static=True)
 
     def __init__(self, indices, n: int, *, dtype=None, is_permutation: bool | None = None):
-        from linops._arrays import default_float
-
         indices = jnp.asarray(indices)
         if indices.ndim != 1 or not jnp.issubdtype(indices.dtype, jnp.integer):
             raise ValueError(f"Selection: indices must be a 1-D integer array, got {indices.dtype}{indices.shape}")
@@ -267,9 +265,7 @@ class BlockDiagonal(LinearOperator):
         return NotImplemented if any(o is NotImplemented for o in outs) else jnp.concatenate(outs, axis=0)
 
     def _inv(self):
-        from linops._functions import inv
-
-        return BlockDiagonal([inv(b) for b in self.blocks])
+        return BlockDiagonal([inverse_of(b) for b in self.blocks])
 
     def _logdet(self):
         outs = self._per_block("_logdet")
@@ -282,15 +278,6 @@ class BlockDiagonal(LinearOperator):
     def _sqrt(self):
         outs = self._per_block("_sqrt")
         return outs if outs is NotImplemented else BlockDiagonal(outs)
-
-    def _eigh(self):
-        outs = self._per_block("_eigh")
-        if outs is NotImplemented:
-            return outs
-        w = jnp.concatenate([o[0] for o in outs])
-        order = jnp.argsort(w)
-        Q = BlockDiagonal([o[1] for o in outs]) @ Selection(order, w.shape[0], is_permutation=True).T
-        return w[order], Q
 
     def _root(self):
         outs = self._per_block("_root")
@@ -410,9 +397,7 @@ class Kronecker(LinearOperator):
         return jnp.moveaxis(Z.reshape((nb, na) + k), 0, 1).reshape(b.shape)
 
     def _inv(self):
-        from linops._functions import inv
-
-        return Kronecker(inv(self.A), inv(self.B))
+        return Kronecker(inverse_of(self.A), inverse_of(self.B))
 
     def _logdet(self):
         ab = self._both("_logdet")
@@ -448,12 +433,3 @@ class Kronecker(LinearOperator):
         a, b = ab  # (Q_A kron Q_B) diag(w_A kron w_B) (Q_A kron Q_B)^T
         return type(a)(Kronecker(a.Q, b.Q), jnp.kron(a.w, b.w), nonnegative=(a.nonnegative and b.nonnegative) or None)
 
-    def _eigh(self):
-        ab = self._both("_eigh")
-        if ab is NotImplemented:
-            return ab
-        (wa, Qa), (wb, Qb) = ab
-        w = jnp.kron(wa, wb)
-        order = jnp.argsort(w)
-        Q = Kronecker(Qa, Qb) @ Selection(order, w.shape[0], is_permutation=True).T
-        return w[order], Q

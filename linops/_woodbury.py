@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from linops import _tags
-from linops._composite import Product, Scaled, Sum
+from linops._composite import Product, Scaled, Sum, register_sum_closed_form
 from linops._leaves import Dense, Diagonal, Identity, Zero
 from linops._structured import LowRank, Selection
 
@@ -168,3 +168,7 @@ def root(op):
         pieces.append(Product((Dense(U * jnp.sqrt(d)[None, :]), Selection(jnp.arange(start, start + k), width))))
         start += k
     return Sum(pieces)
+
+
+for _hook, _rule in (("solve", solve), ("logdet", logdet), ("inv", inv), ("sqrt", sqrt), ("root", root)):
+    register_sum_closed_form(_hook, _rule)

@@ -212,14 +212,14 @@ def test_store_linearization_is_checked_and_refused_when_it_cannot_fit(monkeypat
     params, X, _, _, _ = _setup(15, 8)
     with pytest.raises(ValueError, match="store_linearization must be None, True or False, got 'yes'"):
         lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3, store_linearization="yes")
-    import linops._alternating as alt
+    import linops._rowblocks as rowblocks
 
-    real = alt.check_fits
+    real = rowblocks.check_fits
     # Enough memory for the factors (3 batches x 9^2 and the rows) but not for the linearisations.
     def tight(nbytes, what, alternative):
         return real(nbytes, what, alternative, limit=19_500)
 
-    monkeypatch.setattr(alt, "check_fits", tight)
+    monkeypatch.setattr(rowblocks, "check_fits", tight)
     auto = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3)
     assert not auto.stores_linearization  # the default falls back to recomputing
     with pytest.raises(lo.memory.MemoryBudgetError, match="stored linearisations .* store_linearization=False"):

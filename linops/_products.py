@@ -1,0 +1,350 @@
+"""Composites that compose maps: `Product`, `Transpose` and `Inverse`.
+
+Construction checks shapes and computes tags; it never simplifies (`linops.simplify` does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import equinox as eqx
+
+from linops import _tags
+from linops._base import LinearOperator, describe, factorize_children, result_dtype
+from linops._eigen import EigenDecomposed
+from linops._solvers import solve_checked
+
+
+def transpose_signature(op: LinearOperator):
+    """The signature of ``op.T`` without building it."""
+    if _tags.symmetric in op.tags:
+        return op.signature()
+    if isinstance(op, Transpose):
+        return op.op.signature()
+    return ("Transpose", op.signature())
+
+
+class Product(LinearOperator):
+    """``A_1 A_2 ... A_k`` (built by ``A @ B``); applied right to left."""
+
+    factors: tuple
+
+    def __init__(self, factors: Sequence[LinearOperator]):
+        factors = tuple(factors)
+        if not factors:
+            raise ValueError("Product: expected at least one operator")
+        for left, right in zip(factors[:-1], factors[1:], strict=True):
+            if left.shape[1] != right.shape[0]:
+                raise ValueError(
+                    f"Product: cannot compose {describe(left)} @ {describe(right)}: "
+                    f"{type(left).__name__} takes vectors of length {left.shape[1]} but "
+                    f"{type(right).__name__} returns vectors of length {right.shape[0]}"
+                )
+        self.factors = factors
+
+    @property
+    def shape(self):
+        return (self.factors[0].shape[0], self.factors[-1].shape[1])
+
+    @property
+    def dtype(self):
+        return result_dtype(*self.factors)
+
+    def flat_factors(self) -> tuple:
+        """The factors with nested products expanded (``(AB)C`` reads ``A, B, C``)."""
+        out = []
+        for f in self.factors:
+            out.extend(f.flat_factors() if isinstance(f, Product) else (f,))
+        return tuple(out)
+
+    @property
+    def tags(self):
+        fs = self.flat_factors()
+        k = len(fs)
+        pairs_match = k >= 2 and all(
+            transpose_signature(fs[i]) == fs[k - 1 - i].signature() for i in range(k // 2)
+        )
+        middle = fs[k // 2].tags if (pairs_match and k % 2 == 1) else None
+        sigs = {f.signature() for f in fs}
+        idempotent = len(sigs) == 1 and _tags.projector in fs[0].tags
+        return _tags.of_product(
+            [f.tags for f in fs],
+            self.shape,
+            congruence_middle=middle,
+            is_congruence=pairs_match,
+            is_idempotent_square=idempotent,
+        )
+
+    def children(self):
+        return self.factors
+
+    def with_children(self, children):
+        return Product(children)
+
+    def signature(self):
+        return ("Product",) + tuple(f.signature() for f in self.flat_factors())
+
+    def mv(self, v):
+        for f in reversed(self.factors):
+            v = f.mv(v)
+        return v
+
+    def mm(self, V):
+        for f in reversed(self.factors):
+            V = f.mm(V)
+        return V
+
+    def rmv(self, u):
+        for f in self.factors:
+            u = f.rmv(u)
+        return u
+
+    def rmm(self, U):
+        for f in self.factors:
+            U = f.rmm(U)
+        return U
+
+    def transpose(self):
+        if _tags.symmetric in self.tags:
+            return self
+        return Product([f.T for f in reversed(self.factors)])
+
+    def _all_square(self):
+        return all(f.is_square for f in self.factors)
+
+    def _solve(self, b):
+        if not self._all_square():
+            return NotImplemented
+        for f in self.factors:
+            b = f._solve(b)
+            if b is NotImplemented:
+                return NotImplemented
+        return b
+
+    def _inv(self):
+        if not self._all_square():
+            return NotImplemented
+        return Product([inverse_of(f) for f in reversed(self.factors)])
+
+    def _logdet(self):
+        if not self._all_square():
+            return NotImplemented
+        parts = [f._logdet() for f in self.factors]
+        return NotImplemented if any(p is NotImplemented for p in parts) else sum(parts)
+
+    def _factorize(self):
+        if not self._all_square():
+            return NotImplemented
+        return factorize_children(self, self.factors)
+
+
+class Transpose(LinearOperator):
+    """``A^T`` (built by ``A.T`` when ``A`` has no cheaper transpose)."""
+
+    op: LinearOperator
+
+    def __init__(self, op: LinearOperator):
+        self.op = op
+
+    @property
+    def shape(self):
+        return (self.op.shape[1], self.op.shape[0])
+
+    @property
+    def dtype(self):
+        return self.op.dtype
+
+    @property
+    def tags(self):
+        return _tags.of_transpose(self.op.tags)
+
+    def children(self):
+        return (self.op,)
+
+    def with_children(self, children):
+        return Transpose(children[0])
+
+    def signature(self):
+        return transpose_signature(self.op)
+
+    def mv(self, v):
+        return self.op.rmv(v)
+
+    def mm(self, V):
+        return self.op.rmm(V)
+
+    def rmv(self, u):
+        return self.op.mv(u)
+
+    def rmm(self, U):
+        return self.op.mm(U)
+
+    def transpose(self):
+        return self.op
+
+    def _diag(self):
+        return self.op._diag()
+
+    def _solve(self, b):
+        if _tags.symmetric in self.op.tags:
+            return self.op._solve(b)
+        factored = self.op._factorize()  # e.g. a dense matrix's LU: solves with its transpose directly
+        if factored is not NotImplemented and factored is not self.op:
+            return factored.T._solve(b)
+        inv = self._inv()
+        if inv is NotImplemented:
+            return inv
+        return inv.mv(b) if b.ndim == 1 else inv.mm(b)
+
+    def _inv(self):
+        inv = self.op._inv()
+        return inv if inv is NotImplemented else inv.T
+
+    def _logdet(self):
+        return self.op._logdet()
+
+    def _pinv(self, rtol):
+        p = self.op._pinv(rtol)
+        return p if p is NotImplemented else p.T
+
+    def _factorize(self):
+        f = self.op._factorize()
+        return f if f is NotImplemented else f.T
+
+    def _hadamard_square(self):
+        h = self.op._hadamard_square()
+        return h if h is NotImplemented else h.T
+
+
+class Inverse(LinearOperator):
+    r"""The lazy inverse $A^{-1}$ (built by `linops.inv`): each product is a solve.
+
+    Args:
+        op: a square operator.
+        method: the solve method (``None`` for a closed form, ``"cg"``, ``"dense"``).
+        options: keyword options for `linops.solve` (``rtol``, ``maxiter``, ...).
+        factored: an operator equal to ``op`` that holds its factorisation (`linops.factorize`); when
+            given, every product is a solve with it, and nothing is factorised again.
+    """
+
+    op: LinearOperator
+    factored: LinearOperator | None
+    method: str | None = eqx.field(static=True)
+    options: tuple = eqx.field(static=True)
+
+    def __init__(self, op: LinearOperator, method: str | None = None, options: tuple = (), *,
+                 factored: LinearOperator | None = None):
+        if factored is not None and tuple(factored.shape) != tuple(op.shape):
+            raise ValueError(f"Inverse: factored is {describe(factored)} but op is {describe(op)}")
+        self.op = op
+        self.factored = factored
+        self.method = method
+        self.options = tuple(options)
+
+    @property
+    def shape(self):
+        return tuple(self.op.shape)
+
+    @property
+    def dtype(self):
+        return self.op.dtype
+
+    @property
+    def tags(self):
+        return _tags.of_inverse(self.op.tags, self.shape)
+
+    def children(self):
+        return (self.op,)
+
+    def with_children(self, children):
+        same = children[0].signature() == self.op.signature()
+        return Inverse(children[0], self.method, self.options, factored=self.factored if same else None)
+
+    def signature(self):
+        return ("Inverse", self.op.signature())
+
+    def _solve_with(self, op, b):
+        return solve_checked(op, b, self.method, **dict(self.options)).value
+
+    def mv(self, v):
+        if self.factored is not None:
+            return self.factored._solve(v)
+        return self._solve_with(self.op, v)
+
+    mm = mv
+
+    def rmv(self, u):
+        if self.factored is not None:
+            return self.factored.T._solve(u)
+        return self._solve_with(self.op.T, u)
+
+    rmm = rmv
+
+    def transpose(self):
+        if _tags.symmetric in self.tags:
+            return self
+        return Inverse(self.op.T, self.method, self.options,
+                       factored=None if self.factored is None else self.factored.T)
+
+    def _solve(self, b):
+        return self.op.mv(b) if b.ndim == 1 else self.op.mm(b)
+
+    def _inv(self):
+        return self.op
+
+    def _logdet(self):
+        ld = (self.op if self.factored is None else self.factored)._logdet()
+        return ld if ld is NotImplemented else -ld
+
+    def _factorize(self):
+        return self if self.factored is not None else NotImplemented
+
+    def _root(self):
+        r"""From a root $R R^\top = A$: $R^{-\top}$ when $R$ is square, else $A^{-1} R$ (both give $A^{-1}$)."""
+        if self.method is not None:
+            return NotImplemented
+        if self.factored is None:
+            explicit = self.op._inv()  # a structured inverse (diagonal, orthonormal low rank + shift) has its own
+            if explicit is not NotImplemented and not isinstance(explicit, Inverse) and _tags.psd in explicit.tags:
+                r = explicit._root()
+                if r is not NotImplemented:
+                    return r
+            s = self._sqrt()
+            if s is not NotImplemented:
+                return s
+        r = (self.op if self.factored is None else self.factored)._root()
+        if r is NotImplemented:
+            return r
+        if r.is_square:
+            rt = r.T
+            f = rt._factorize()
+            return Inverse(rt, factored=None if f is NotImplemented else f)
+        return Product((self, r))
+
+    def _diag(self):
+        inv = self.op._inv()
+        return NotImplemented if inv is NotImplemented or isinstance(inv, Inverse) else inv._diag()
+
+    def _sqrt(self):
+        s = self.op._sqrt()
+        if s is NotImplemented:
+            return s
+        f = s._factorize() if self.method is None else NotImplemented
+        return Inverse(s, self.method, self.options, factored=None if f is NotImplemented else f)
+
+    def _eigendecompose(self):
+        E = self.op._eigendecompose()
+        if E is NotImplemented:
+            wq = self.op._eigh()
+            if wq is NotImplemented:
+                return wq
+            E = EigenDecomposed(wq[1], wq[0])
+        return E._inv()
+
+
+def inverse_of(A: LinearOperator, method: str | None = None, options: tuple = ()) -> LinearOperator:
+    """`Inverse` of ``A`` holding ``A``'s factorisation when it has one (`linops.inv` without its checks)."""
+    if isinstance(A, Inverse):
+        return A.op
+    factored = A._factorize() if method is None else NotImplemented
+    return Inverse(A, method, options, factored=None if factored is NotImplemented else factored)

@@ -1,0 +1,151 @@
+r"""Where the rows of a row-partitioned $M$ come from: a matrix, a network's Jacobian, a loss Jacobian.
+
+A `RowSource` says how to apply each row block $M_b$ (a batch of examples) in the parameters' own
+pytree layout: ``forward`` ($M_b t$), ``backward`` ($M_b^\top u$) and ``rows`` (the ``R`` rows of
+$M_b$, each from its own example). The examples are grouped into batches of ``batch_size``; the
+short last batch repeats its own examples, so it has the same row space and nothing is dropped.
+`linops._rowblocks.RowBlocks.build` turns a source into factors.
+
+Example:
+    >>> import jax.numpy as jnp
+    >>> rows = matrix_rows(jnp.arange(6.0).reshape(3, 2), batch_size=2)
+    >>> rows.data.shape, rows.num_rows, rows.size       # 2 batches of 2 rows; the last repeats row 3
+    ((2, 2, 2), 2, 2)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from linops._nn import _check_model
+from linops.models import ravel
+
+_WHO = "AlternatingProjectionOp"
+
+
+class RowSource(NamedTuple):
+    r"""How to apply the row blocks $M_b$ of a row-partitioned $M$, batch by batch.
+
+    ``forward(params, data_b, t) -> (R,)`` is $M_b t$ for a tangent ``t`` in the parameters' pytree
+    layout, ``backward(params, data_b, u)`` is $M_b^\top u$ in that layout, and
+    ``rows(params, data_b)`` gives the ``R`` rows of $M_b$ stacked on a leading axis. ``data`` holds
+    every batch's data stacked on a leading batch axis; ``params`` is shared by all batches.
+    ``to_tree`` / ``to_flat`` convert between flat vectors of ``size`` entries and that layout.
+    """
+
+    params: object
+    data: object
+    forward: Callable
+    backward: Callable
+    rows: Callable
+    num_rows: int
+    size: int
+    dtype: np.dtype
+    to_tree: Callable
+    to_flat: Callable
+
+
+def matrix_rows(M, batch_size: int) -> RowSource:
+    """The rows of a wide matrix ``M``, in batches of ``batch_size`` rows."""
+    M = jnp.asarray(M)
+    if M.ndim != 2:
+        raise ValueError(f"{_WHO}: M must be 2-D, got shape {M.shape}")
+    check_batch(batch_size, M.shape[0])
+    blocks = M[pad_indices(M.shape[0], batch_size)]  # (B, S, P)
+    return RowSource(None, blocks, lambda _, Mb, v: Mb @ v, lambda _, Mb, u: u @ Mb, lambda _, Mb: Mb, batch_size,
+                     M.shape[1], M.dtype, _identity, _identity)
+
+
+def jacobian_rows(fn, params, inputs, batch_size: int) -> RowSource:
+    """The rows of the Jacobian of ``fn(params, x) -> (O,)`` on ``inputs``: ``batch_size * O`` per batch."""
+    n, o = _check_model(fn, params, inputs, _WHO)
+    check_batch(batch_size, n)
+    flat, unravel = ravel(params)
+    data = jax.tree_util.tree_map(lambda a: a[pad_indices(n, batch_size)], inputs)
+
+    def batched(xb):
+        return lambda q: jax.vmap(fn, in_axes=(None, 0))(q, xb)
+
+    def forward(p, xb, t):
+        return jax.jvp(batched(xb), (p,), (t,))[1].reshape(-1)
+
+    def backward(p, xb, u):
+        out, vjp = jax.vjp(batched(xb), p)
+        return vjp(u.reshape(out.shape).astype(out.dtype))[0]
+
+    def rows(p, xb):  # row n * O + o of M_b is example n's Jacobian row o
+        jac = jax.vmap(lambda x: jax.jacrev(fn)(p, x))(xb)
+        return jax.tree_util.tree_map(lambda a: a.reshape((-1,) + a.shape[2:]), jac)
+
+    return RowSource(params, data, forward, backward, rows, batch_size * o, flat.shape[0], flat.dtype, unravel,
+                     _flatten)
+
+
+def loss_jacobian_rows(fn, params, inputs, targets, likelihood, batch_size: int) -> RowSource:
+    r"""The rows $g_n^\top J_n$ of the loss Jacobian: one per example, whatever ``O``."""
+    from linops._nn import LossJacobianOp
+
+    JL = LossJacobianOp(fn, params, inputs, targets, likelihood)  # validates everything
+    n = JL.num_examples
+    check_batch(batch_size, n)
+    flat, unravel = ravel(params)
+    lik_axis = 0 if likelihood.per_example else None
+    pad = pad_indices(n, batch_size)
+    data = (jax.tree_util.tree_map(lambda a: a[pad], inputs), jax.tree_util.tree_map(lambda a: a[pad], targets),
+            jax.tree_util.tree_map(lambda a: a[pad], likelihood) if lik_axis == 0 else None)
+
+    def grads(p, data_b):
+        xb, yb, lb = data_b
+        f = lambda q: jax.vmap(fn, in_axes=(None, 0))(q, xb)  # noqa: E731
+        lik = lb if lik_axis == 0 else likelihood
+        g = jax.vmap(lambda l_, o_, y_: l_.grad(o_, y_), in_axes=(lik_axis, 0, 0))(lik, f(p), yb)
+        return f, lax.stop_gradient(g)
+
+    def forward(p, data_b, t):
+        f, g = grads(p, data_b)
+        return jnp.sum(g * jax.jvp(f, (p,), (t,))[1], axis=-1)
+
+    def backward(p, data_b, u):
+        f, g = grads(p, data_b)
+        _, vjp = jax.vjp(f, p)
+        return vjp(u[:, None].astype(g.dtype) * g)[0]
+
+    def rows(p, data_b):  # row n of M_b: the gradient of g_n . f(p, x_n), example n alone
+        _, g = grads(p, data_b)
+        return jax.vmap(lambda x, g_n: jax.grad(lambda q: jnp.sum(g_n * fn(q, x)))(p))(data_b[0], g)
+
+    return RowSource(params, data, forward, backward, rows, batch_size, flat.shape[0], flat.dtype, unravel, _flatten)
+
+
+def pad_indices(n, batch_size):
+    """Example indices per batch; the short last batch repeats its own examples (same row space)."""
+    full, rest = divmod(n, batch_size)
+    idx = [np.arange(b * batch_size, (b + 1) * batch_size) for b in range(full)]
+    if rest:
+        tail = np.arange(full * batch_size, n)
+        idx.append(tail[np.arange(batch_size) % rest])
+    return np.stack(idx)
+
+
+def check_batch(batch_size, n):
+    if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"{_WHO}: batch_size must be a positive integer, got {batch_size!r}")
+    if batch_size > n:
+        raise ValueError(f"{_WHO}: batch_size {batch_size} is larger than the {n} examples")
+
+
+def _identity(x):
+    return x
+
+
+def _flatten(tree):
+    return ravel(tree)[0]
+
+
+__all__ = ["RowSource", "jacobian_rows", "loss_jacobian_rows", "matrix_rows"]

@@ -1,0 +1,75 @@
+"""The solve itself, after the front end's checks: a closed form, dense LU, or conjugate gradients.
+
+`linops.solve` validates its arguments and calls `solve_checked`; `linops.Inverse` calls it at each
+product (its method was checked when `linops.inv` built it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Inexact, Int
+
+from linops import _tags
+from linops._arrays import describe
+from linops._cg import cg, cg_many
+
+
+def closed_form(result, A, what, alternatives):
+    """``result`` of a structure hook, or the error naming the explicit alternatives."""
+    if result is NotImplemented:
+        raise ValueError(f"{what}: {describe(A)} has no closed form here; choose a method explicitly: {alternatives}")
+    return result
+
+
+class Solution(eqx.Module):
+    """The result of `linops.solve`.
+
+    Attributes:
+        value: the solution ``x``, shaped like ``b``.
+        converged: whether the stopping rule was met (always True for direct methods).
+        num_steps: iterations taken (0 for direct methods); one per column of ``b``.
+        residual_norm: ``||b - A x||`` as the iteration measured it (NaN for direct methods).
+    """
+
+    value: Inexact[Array, " n *k"]
+    converged: Bool[Array, " *k"]
+    num_steps: Int[Array, " *k"]
+    residual_norm: Inexact[Array, " *k"]
+
+
+def _direct(x):
+    k = () if x.ndim == 1 else (x.shape[1],)
+    return Solution(x, jnp.ones(k, bool), jnp.zeros(k, jnp.int32), jnp.full(k, jnp.nan, x.dtype))
+
+
+def solve_checked(A, b, method=None, *, rtol=None, atol=0.0, maxiter=None, preconditioner=None,
+                  x0=None) -> Solution:
+    """`linops.solve` without its argument checks (``b`` is an array of the right shape)."""
+    if method is None:
+        return _direct(closed_form(A._solve(b), A, "solve", "method='cg' (A tagged psd) or method='dense'"))
+    if method == "dense":
+        M = A.as_matrix()
+        return _direct(jnp.linalg.solve(M, b if b.ndim == 2 else b[:, None]).reshape(b.shape))
+    if _tags.psd not in A.tags:
+        raise ValueError(
+            f"solve(method='cg'): {describe(A)} is not tagged psd (its tags: {sorted(A.tags)}); "
+            "CG needs a symmetric positive definite operator. Declare it (e.g. "
+            "lo.Dense(M, tags={'psd'}) or lo.shift(G, lam, nonnegative=True)) or use method='dense'"
+        )
+    dtype = jnp.result_type(A.dtype, b.dtype)
+    b = b.astype(dtype)
+    options: dict[str, Any] = dict(
+        rtol=float(np.sqrt(np.finfo(dtype).eps)) if rtol is None else rtol,  # NumPy: static under jit
+        atol=atol,
+        maxiter=10 * A.shape[0] if maxiter is None else maxiter,
+        precondition=None if preconditioner is None else preconditioner.mv,
+    )
+    if b.ndim == 1:
+        x, conv, steps, res = cg(A.mv, b, x0=x0, **options)
+    else:
+        x, conv, steps, res = cg_many(A.mv, b, x0=x0, **options)
+    return Solution(x, conv, steps, res)

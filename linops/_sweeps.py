@@ -1,0 +1,124 @@
+r"""Sweeps over the row blocks of a `linops._rowblocks.RowBlocks`: products of the projectors $Q_b$.
+
+- `sequential`: $Q_B \cdots Q_1 v$, or the symmetric $Q_1 \cdots Q_{B-1} Q_B Q_{B-1} \cdots Q_1 v$,
+  as ONE `lax.scan` over the stacked batches (on a mesh, XLA moves each batch's factors to the
+  vector as the scan reaches them: the same product as on one device).
+- `split`: each device sweeps its own batches, on its own factors, and the results are averaged
+  (``psum``): $\frac1D \sum_d T_d v$.
+- `ring`: a block of vectors split by columns over the devices, each column block travelling round
+  them (``ppermute``) through every device's batches and back: the symmetric sweep in a rotated order,
+  with the factors left in place. It runs a solver on each device's columns inside `jax.shard_map`.
+- `repeat`: the paper's plain method, sweeps repeated until they stop changing the vector.
+
+Sweeps run in the parameters' own pytree layout; vectors are flattened only at the ends.
+
+Example:
+    >>> import jax.numpy as jnp
+    >>> from linops._rowblocks import RowBlocks
+    >>> from linops._rowsources import matrix_rows
+    >>> blocks = RowBlocks.build(matrix_rows(jnp.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]), batch_size=1))
+    >>> sequential(blocks, jnp.ones(3))
+    Array([0., 0., 1.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from linops._batching import leaf_specs
+
+
+def scan(blocks, t, batches, reverse=False):
+    """$Q$ of each of ``batches`` in turn (in reverse order with ``reverse``) on a pytree ``t``."""
+    return lax.scan(lambda t, b: (blocks.project_out(t, b), None), t, batches, reverse=reverse)[0]
+
+
+def symmetric_scan(blocks, t, batches):
+    """Forward through ``batches``, then back without repeating the last one."""
+    t = scan(blocks, t, batches)
+    rest = jax.tree_util.tree_map(lambda a: a[:-1], batches)
+    return scan(blocks, t, rest, reverse=True)
+
+
+def sequential(blocks, v, symmetric=False):
+    r"""$Q_B \cdots Q_1 v$ (or the symmetric sweep) over all batches, in order."""
+    local = symmetric_scan if symmetric else scan
+    return blocks.to_flat(local(blocks, blocks.to_tree(v), blocks.batches()))
+
+
+def split(blocks, v, symmetric=False):
+    r"""$\frac1D \sum_d$ (device $d$'s sweep over its own batches) $v$: each device on its own factors."""
+    from jax.sharding import PartitionSpec
+
+    devices = blocks.mesh.shape[blocks.axis]
+    local_sweep = symmetric_scan if symmetric else scan
+
+    def local(batches):
+        return lax.psum(blocks.to_flat(local_sweep(blocks, blocks.to_tree(v), batches)), blocks.axis) / devices
+
+    batches = blocks.batches()
+    return jax.shard_map(local, mesh=blocks.mesh, in_specs=(leaf_specs(batches, PartitionSpec(blocks.axis)),),
+                         out_specs=PartitionSpec(), check_vma=False)(batches)
+
+
+def ring(blocks, V, solve):
+    r"""``solve(I_minus_T, V_d)`` on each device's columns ``V_d`` of ``V`` ``(P, k)``, the factors left in place.
+
+    ``I_minus_T`` maps a column block ``U`` to $U - T U$, $T$ the symmetric sweep over all batches
+    in an order rotated per device (round the ring, then back). ``solve`` returns
+    ``(value, diagnostics)``: ``value`` of ``V_d``'s shape and ``diagnostics`` a tuple of arrays
+    with one entry per column; every device must call ``I_minus_T`` the same number of times.
+    ``k`` must be a multiple of the number of devices.
+    """
+    from jax.sharding import PartitionSpec
+
+    axis = blocks.axis
+    D = blocks.mesh.shape[axis]
+    forward = [(i, (i + 1) % D) for i in range(D)]
+    backward = [(i, (i - 1) % D) for i in range(D)]
+
+    def local(batches, block):
+        def sweep(u):  # one column, round the ring and back: Q_first ... Q_last ... Q_first
+            t = blocks.to_tree(u)
+            for _ in range(D):
+                t = lax.ppermute(scan(blocks, t, batches), axis, forward)
+            for _ in range(D):
+                t = scan(blocks, lax.ppermute(t, axis, backward), batches, reverse=True)
+            return blocks.to_flat(t)
+
+        return solve(jax.vmap(lambda u: u - sweep(u), in_axes=1, out_axes=1), block)
+
+    batches = blocks.batches()
+    columns = PartitionSpec(axis)
+    return jax.shard_map(local, mesh=blocks.mesh, in_specs=(leaf_specs(batches, columns), PartitionSpec(None, axis)),
+                         out_specs=(PartitionSpec(None, axis), columns), check_vma=False)(batches, V)
+
+
+def repeat(sweep, x, max_sweeps, rtol, callback=None):
+    r"""The plain method: ``sweep`` applied until it changes the vector by at most ``rtol`` relatively.
+
+    Returns ``(value, sweeps, converged, history)``, ``history[k]`` the relative change of sweep
+    ``k + 1`` (NaN past the last); ``converged`` is always True for ``rtol = 0`` (a fixed number of
+    sweeps). ``callback(sweep, change)`` is called on the host after each sweep.
+    """
+
+    def cond(state):
+        _, k, change, _ = state
+        return (k < max_sweeps) & (change > rtol)
+
+    def body(state):
+        v, k, _, history = state
+        new = sweep(v)
+        change = jnp.linalg.norm(new - v) / jnp.maximum(jnp.linalg.norm(v), jnp.finfo(v.dtype).tiny)
+        if callback is not None:
+            jax.debug.callback(callback, k + 1, change)
+        return new, k + 1, change, history.at[k].set(change)
+
+    history = jnp.full(max_sweeps, jnp.nan, x.dtype)
+    v, k, change, history = lax.while_loop(cond, body, (x, jnp.asarray(0), jnp.asarray(jnp.inf, x.dtype), history))
+    return v, k, (change <= rtol) | (rtol == 0), history
+
+
+__all__ = ["repeat", "ring", "sequential", "split"]
