@@ -1,49 +1,24 @@
 #!/usr/bin/env python
-"""Alternating projections onto the kernel of a network's Jacobian (`lo.AlternatingProjectionOp`).
+"""Alternating projections onto the kernel of a network's Jacobian (``lo.AlternatingProjectionOp``).
 
-Model: a 784-128-128-10 tanh MLP (118,282 float32 parameters, a plain per-example
-``fn(params, x) -> (10,)`` over a params dict), N = 1024 random inputs, S = 16 examples per
-batch (64 batches, R = S·O = 160 Jacobian rows per batch). Measured in one process:
-
-  (a) set-up: ``lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=16)`` (each
-      batch's rows by per-example reverse passes, the Gram M_b M_bᵀ by forward-mode products,
-      ``eigh``) against the naive route (per batch: materialise M_b, R × P, by vmapped VJPs, form
-      M_b M_bᵀ, ``eigh``), both
-      as called (first call, compile included: ``from_jacobian`` compiles on every call) and
-      compiled (``from_jacobian`` inside ``jax.jit``, steady state), interleaved. **Goal <= 0.5.**
-  (b) one sweep ``A.sweep(v)`` (jitted, A as argument) against one training epoch over the same
-      64 batches (a jitted SGD step: grad of the mean categorical loss + update, ``lax.scan``-ed),
-      with the sweep that recomputes the forward pass (``store_linearization=False``) and a sweep
-      written by hand for the MLP (stored activations, same W) as the operator-layer reference.
-      **Goal: sweep / epoch <= 1.5.**
-  (b') on a smaller model (20-32-32-3 tanh, N = 256, S = 8), float64 and float32: sweeps to
-      reach a kernel residual ``||M Πx|| / ||M x||`` of 1e-6 (float64) / 1e-4 (float32),
-      ``method="cg"`` (the smallest ``rtol`` of a decade ladder that reaches it) against
-      ``method="plain"`` (``rtol=0``, a fixed ``max_sweeps``: the first count that reaches it).
-  (c) memory: the stored factors ``A.W.nbytes`` against the Jacobian itself (N·O·P·itemsize).
-  (d) ``A @ eps`` with ``eps`` of shape (P, k), k in {1, 8, 32}: time per sample (small model,
-      float32; the CG projection of the large model is too slow for 2 CPU cores: see README).
-
-Agreement checks before timing: the factors of ``from_jacobian`` are pseudo-inverses of the
-naive Grams (and have the same ranks), the jitted build gives the same factors as the eager
-one, the operator's sweep equals the hand-written sweep, and ``A @ eps`` column by column
-equals ``A @ eps[:, i]``.
+On a 784-128-128-10 tanh MLP (118,282 float32 parameters), N = 1024 random inputs, S = 16 per batch
+(64 batches of R = 160 Jacobian rows): (a) the factor set-up ``from_jacobian`` against the naive route
+(materialise each batch's Jacobian, its Gram, ``eigh``), as called and compiled (**goal ≤ 0.5**); (b) one
+sweep against one SGD epoch over the same batches (**goal ≤ 1.5**), with a recomputing sweep and a sweep
+written by hand as references; (c) the stored factors' memory against the Jacobian's. On a 20-32-32-3 MLP
+(N = 256, S = 8): (b') sweeps to a kernel residual of 1e-6 (float64) / 1e-4 (float32), ``method="cg"`` vs
+``"plain"``; (d) ``A @ eps`` for eps (P, k), k in {1, 8, 32}. Agreement checks come before timing. See
+``benchmarks/README.md``.
 
 Run:  python benchmarks/projected.py            # full run (about 3-4 minutes on 2 cores)
       python benchmarks/projected.py --quick    # smoke run (seconds; small models)
-      python benchmarks/projected.py --out DIR  # write DIR/projected.json and DIR/projected.md
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import statistics
-import sys
-import time
-from pathlib import Path
 
+import _harness as H
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,25 +27,18 @@ from jax import lax
 import linops as lo
 from linops.models import ravel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ggn import batched, init_params, interleaved, make_mlp, ratio_stats  # noqa: E402
-from overhead import CompileEvents, _ratio, _s, fresh_jit, machine_info, rel_err  # noqa: E402
-
 GOAL_SETUP = 0.5   # from_jacobian set-up time / naive set-up time
 GOAL_SWEEP = 1.5   # one sweep / one training epoch
 TARGETS = {"float64": 1e-6, "float32": 1e-4}
 TOL = 1e-4
 
 
-# --- problem -----------------------------------------------------------------------------
-
-
 def make_problem(sizes, n, dtype, seed=0):
     kp, kx, ky = jax.random.split(jax.random.PRNGKey(seed), 3)
-    params = jax.tree_util.tree_map(lambda a: a.astype(dtype), init_params(kp, sizes))
+    params = jax.tree_util.tree_map(lambda a: a.astype(dtype), H.mlp_params(kp, sizes))
     X = jax.random.normal(kx, (n, sizes[0]), jnp.float32).astype(dtype)
     y = jax.random.randint(ky, (n,), 0, sizes[-1])
-    return make_mlp(len(sizes) - 1), params, X, y
+    return H.mlp_fn(len(sizes) - 1), params, X, y
 
 
 def batches_of(a, s):
@@ -89,7 +57,7 @@ def naive_factors_fn(fn, unravel, rows, size):
         eye = jnp.eye(rows, dtype=Xb.dtype)
 
         def gram(xb):
-            out, vjp = jax.vjp(lambda p: batched(fn)(p, xb), params)
+            out, vjp = jax.vjp(lambda p: H.batched(fn)(p, xb), params)
             Mb = jax.vmap(lambda e: ravel(vjp(e.reshape(out.shape))[0])[0])(eye)   # (R, P), materialised
             gram = Mb @ Mb.T
             return 0.5 * (gram + gram.T)
@@ -106,10 +74,13 @@ def naive_factors_fn(fn, unravel, rows, size):
     return factors
 
 
+def gram_of(W):
+    return jnp.einsum("bij,bik->bjk", W, W)
+
+
 def pinv_error(W, G):
     """max over batches of ||G WᵀW G − G|| / ||G|| (0 when WᵀW is a pseudo-inverse of G)."""
-    WtW = jnp.einsum("bij,bik->bjk", W, W)
-    E = jnp.einsum("bij,bjk,bkl->bil", G, WtW, G) - G
+    E = jnp.einsum("bij,bjk,bkl->bil", G, gram_of(W), G) - G
     return float(jnp.max(jnp.linalg.norm(E, axis=(1, 2)) / jnp.linalg.norm(G, axis=(1, 2))))
 
 
@@ -120,79 +91,56 @@ def ranks(W):
 # --- (a), (b), (c): the large model ------------------------------------------------------
 
 
-def run_setup_and_sweep(cfg, *, events, log, rounds_setup, sweep_repeats, sweep_min, sweep_budget):
+def run_setup_and_sweep(cfg, *, log, rounds_setup, sweep_timing):
     sizes, n, s = cfg["sizes"], cfg["n"], cfg["batch_size"]
     fn, params, X, y = make_problem(sizes, n, jnp.float32)
     flat, unravel = ravel(params)
-    P, B, R = int(flat.shape[0]), n // s, s * sizes[-1]
-    n_out = sizes[-1]
+    P, B, R, n_out = int(flat.shape[0]), n // s, s * sizes[-1], sizes[-1]
     log(f"(a)-(c) model {'-'.join(map(str, sizes))} tanh MLP, P={P:,}, N={n}, S={s}: {B} batches of R={R} rows")
     Xb, yb = batches_of(X, s), batches_of(y, s)
-
-    build = lambda: lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=s)  # noqa: E731
-    build_jit = fresh_jit(lambda params, X: lo.AlternatingProjectionOp.from_jacobian(
-        fn, params, X, batch_size=s).W)
+    build = lambda: lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=s)
+    build_jit = H.fresh_jit(lambda params, X: lo.AlternatingProjectionOp.from_jacobian(fn, params, X,
+                                                                                      batch_size=s).W)
     naive_f = naive_factors_fn(fn, unravel, R, P)
 
     # (a) as called: from_jacobian (compiles its lax.map on every call) vs the naive jit's first call.
-    first = {"from_jacobian": [], "naive": []}
     first_detail = {"from_jacobian": [], "naive": []}
-    A = naive = None
     for r in range(rounds_setup):
-        order = ["from_jacobian", "naive"] if r % 2 == 0 else ["naive", "from_jacobian"]
-        for name in order:
+        for name in (["from_jacobian", "naive"] if r % 2 == 0 else ["naive", "from_jacobian"]):
             if name == "from_jacobian":
-                holder = {}
-
-                def call(holder=holder):
-                    holder["A"] = build()
-                    return holder["A"].W
-
-                _, rep = events.measure(call)
-                A = holder["A"]
+                A, rep = H.first_call(build, block=lambda A: A.W)
             else:
-                naive_jit = fresh_jit(naive_f)
-                naive, rep = events.measure(lambda: naive_jit(params, Xb))  # noqa: B023
-            first[name].append(rep["first_call_s"])
+                naive_jit = H.fresh_jit(naive_f)
+                naive, rep = H.first_call(lambda: naive_jit(params, Xb))  # noqa: B023
             first_detail[name].append(rep)
+    first = {k: [d["first_call_s"] for d in v] for k, v in first_detail.items()}
     log("  as called (s): " + "  ".join(f"{k}={[round(t, 2) for t in v]}" for k, v in first.items()))
 
     # Agreement: the library's factors are pseudo-inverses of the naive Grams, same ranks.
     W_naive, G_naive = naive
-    W_jit, rep_jit = events.measure(lambda: build_jit(params, X))
+    W_jit, rep_jit = H.first_call(lambda: build_jit(params, X))
+    rank_lib, rank_naive = ranks(A.W), ranks(W_naive)
     checks = {
         "from_jacobian W: max_b ||G WᵀW G − G||/||G|| (G naive Gram)": pinv_error(A.W, G_naive),
         "naive W: max_b ||G WᵀW G − G||/||G||": pinv_error(W_naive, G_naive),
-        "jitted from_jacobian WᵀW vs eager WᵀW (rel err)": rel_err(
-            jnp.einsum("bij,bik->bjk", W_jit, W_jit), jnp.einsum("bij,bik->bjk", A.W, A.W)),
+        "jitted from_jacobian WᵀW vs eager WᵀW (rel err)": H.rel_err(gram_of(W_jit), gram_of(A.W)),
+        "ranks equal (from_jacobian vs naive)": bool(np.array_equal(rank_lib, rank_naive)),
     }
-    rank_lib, rank_naive = ranks(A.W), ranks(W_naive)
-    checks["ranks equal (from_jacobian vs naive)"] = bool(np.array_equal(rank_lib, rank_naive))
     log("  checks: " + "  ".join(f"{k}={v:.2e}" if isinstance(v, float) else f"{k}={v}" for k, v in checks.items()))
     if checks["from_jacobian W: max_b ||G WᵀW G − G||/||G|| (G naive Gram)"] > 1e-2:
         raise SystemExit("from_jacobian's factors disagree with the naive Grams")
 
-    # (a) compiled, steady state: from_jacobian inside jax.jit vs the naive jit.
+    # (a) compiled, steady state: from_jacobian inside jax.jit vs the naive jit. Both are compiled already
+    # (the checks above): no warm-up rounds, each call takes seconds.
     calls = {"from_jacobian (jit)": lambda: build_jit(params, X), "naive (jit)": lambda: naive_jit(params, Xb)}
-    # Both programs are compiled already (the checks above): no warm-up rounds, they take seconds.
-    times, n_rounds = {k: [] for k in calls}, rounds_setup
-    for r in range(n_rounds):
-        for name in (list(calls) if r % 2 == 0 else list(calls)[::-1]):
-            t0 = time.perf_counter()
-            jax.block_until_ready(calls[name]())
-            times[name].append(time.perf_counter() - t0)
+    times, n_rounds = H.rounds(calls, min_rounds=rounds_setup, max_rounds=rounds_setup)
     setup = {
-        "as_called_s": first,
-        "as_called_detail": first_detail,
+        "as_called_s": first, "as_called_detail": first_detail,
         "as_called_ratio_of_medians": statistics.median(first["from_jacobian"]) / statistics.median(first["naive"]),
         "as_called_per_round_ratios": [a / b for a, b in zip(first["from_jacobian"], first["naive"], strict=True)],
-        "jit_first_call": rep_jit,
-        "steady_rounds": n_rounds,
-        "steady_median_s": {k: statistics.median(v) for k, v in times.items()},
-        "steady_times_s": times,
-        "steady_ratio": ratio_stats(times, "from_jacobian (jit)", "naive (jit)"),
-        "ranks_from_jacobian": sorted(set(rank_lib.tolist())),
-        "ranks_naive": sorted(set(rank_naive.tolist())),
+        "jit_first_call": rep_jit, "steady_rounds": n_rounds, "steady_median_s": H.medians(times),
+        "steady_times_s": times, "steady_ratio": H.ratio(times, "from_jacobian (jit)", "naive (jit)"),
+        "ranks_from_jacobian": sorted(set(rank_lib.tolist())), "ranks_naive": sorted(set(rank_naive.tolist())),
     }
     setup["goal_as_called_met"] = bool(setup["as_called_ratio_of_medians"] <= GOAL_SETUP)
     setup["goal_steady_met"] = bool(setup["steady_ratio"]["median"] <= GOAL_SETUP)
@@ -206,20 +154,14 @@ def run_setup_and_sweep(cfg, *, events, log, rounds_setup, sweep_repeats, sweep_
     memory["ratio"] = memory["W_nbytes"] / memory["jacobian_nbytes"]
 
     # (b) one sweep vs one training epoch (and a hand-written sweep with the same W).
-    lr = 0.1
-
-    def loss(p, x, t):
-        out = batched(fn)(p, x)
-        return jnp.mean(jax.nn.logsumexp(out, axis=-1) - jnp.take_along_axis(out, t[:, None], axis=1)[:, 0])
+    lr, layers = 0.1, len(sizes) - 1
+    loss = lambda p, x, t: H.mean_nll(H.batched(fn)(p, x), t)
 
     def epoch_f(params, Xb, yb):
         def step(p, b):
-            g = jax.grad(loss)(p, *b)
-            return jax.tree_util.tree_map(lambda a, d: a - lr * d, p, g), None
+            return jax.tree_util.tree_map(lambda a, d: a - lr * d, p, jax.grad(loss)(p, *b)), None
 
         return lax.scan(step, params, (Xb, yb))[0]
-
-    layers = len(sizes) - 1
 
     def activations_f(params, Xb):
         """Per batch: each layer's input h_l and the hidden layers' tanh' (what a sweep needs)."""
@@ -252,40 +194,30 @@ def run_setup_and_sweep(cfg, *, events, log, rounds_setup, sweep_repeats, sweep_
 
     A_fresh = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=s, store_linearization=False)
     acts = jax.jit(activations_f)(params, Xb)
-    sweep = fresh_jit(lambda A, v: A.sweep(v))
-    hand_sweep, epoch = fresh_jit(hand_sweep_f), fresh_jit(epoch_f)
+    sweep = H.fresh_jit(lambda A, v: A.sweep(v))
+    hand_sweep, epoch = H.fresh_jit(hand_sweep_f), H.fresh_jit(epoch_f)
     v = jax.random.normal(jax.random.PRNGKey(1), (P,), jnp.float32)
     calls = {"sweep": lambda: sweep(A, v), "sweep (recompute)": lambda: sweep(A_fresh, v),
              "hand sweep": lambda: hand_sweep(params, acts, A.W, v), "epoch": lambda: epoch(params, Xb, yb)}
-    compile_b, outs = {}, {}
-    for k, c in calls.items():
-        outs[k], compile_b[k] = events.measure(c)
-    last = lambda w: jax.jvp(lambda p: batched(fn)(p, Xb[-1]), (params,), (unravel(w),))[1]  # noqa: E731
-    checks["sweep vs hand sweep (rel err)"] = rel_err(outs["sweep"], outs["hand sweep"])
-    checks["sweep vs sweep (recompute) (rel err)"] = rel_err(outs["sweep"], outs["sweep (recompute)"])
-    checks["stored linearisation vs factors W (bytes)"] = (f"{sum(a.nbytes for a in A.stored):,} vs "
-                                                           f"{A.W.nbytes:,}")
+    outs, compile_b = H.first_calls(calls)
+    last = lambda w: jax.jvp(lambda p: H.batched(fn)(p, Xb[-1]), (params,), (unravel(w),))[1]
+    checks["sweep vs hand sweep (rel err)"] = H.rel_err(outs["sweep"], outs["hand sweep"])
+    checks["sweep vs sweep (recompute) (rel err)"] = H.rel_err(outs["sweep"], outs["sweep (recompute)"])
+    checks["stored linearisation vs factors W (bytes)"] = f"{sum(a.nbytes for a in A.stored):,} vs {A.W.nbytes:,}"
     checks["||M_B sweep(v)|| / ||M_B v|| (last batch)"] = float(
         jnp.linalg.norm(last(outs["sweep"])) / jnp.linalg.norm(last(v)))
-    l0, l1 = float(loss(params, X, y)), float(loss(outs["epoch"], X, y))
-    checks["epoch: loss before → after (all N)"] = f"{l0:.4f} → {l1:.4f}"
+    checks["epoch: loss before → after (all N)"] = " → ".join(f"{float(loss(p, X, y)):.4f}"
+                                                              for p in (params, outs["epoch"]))
     if max(checks["sweep vs hand sweep (rel err)"], checks["sweep vs sweep (recompute) (rel err)"]) > TOL:
         raise SystemExit("A.sweep disagrees with the hand-written sweep")
-    times, n_rounds = interleaved(calls, repeats=sweep_repeats, min_repeats=sweep_min, budget_s=sweep_budget)
-    sweep_rep = {
-        "rounds": n_rounds,
-        "median_s": {k: statistics.median(t) for k, t in times.items()},
-        "min_s": {k: min(t) for k, t in times.items()},
-        "ratios": {"sweep/epoch": ratio_stats(times, "sweep", "epoch"),
-                   "sweep (recompute)/epoch": ratio_stats(times, "sweep (recompute)", "epoch"),
-                   "hand sweep/epoch": ratio_stats(times, "hand sweep", "epoch"),
-                   "sweep/hand sweep": ratio_stats(times, "sweep", "hand sweep")},
-        "compile": compile_b,
-        "learning_rate": lr,
-    }
-    sweep_rep["goal_met"] = bool(sweep_rep["ratios"]["sweep/epoch"]["median"] <= GOAL_SWEEP)
+    times, n_rounds = H.rounds(calls, warmup=3, **sweep_timing)
+    ratios = {f"{a}/{b}": H.ratio(times, a, b) for a, b in (("sweep", "epoch"), ("sweep (recompute)", "epoch"),
+                                                             ("hand sweep", "epoch"), ("sweep", "hand sweep"))}
+    sweep_rep = {"rounds": n_rounds, "median_s": H.medians(times), "min_s": H.minimums(times), "ratios": ratios,
+                 "compile": compile_b, "learning_rate": lr,
+                 "goal_met": bool(ratios["sweep/epoch"]["median"] <= GOAL_SWEEP)}
     log(f"  sweep: rounds={n_rounds} " + "  ".join(f"{k}={t * 1e3:.1f}ms" for k, t in sweep_rep["median_s"].items())
-        + f"  sweep/epoch={sweep_rep['ratios']['sweep/epoch']['median']:.3f}")
+        + f"  sweep/epoch={ratios['sweep/epoch']['median']:.3f}")
     return {
         "model": {"sizes": sizes, "num_params": P, "num_examples": n, "batch_size": s, "num_batches": B,
                   "rows_per_batch": R, "num_outputs": n_out, "dtype": "float32"},
@@ -296,7 +228,7 @@ def run_setup_and_sweep(cfg, *, events, log, rounds_setup, sweep_repeats, sweep_
 # --- (b'): sweeps to a kernel residual, cg vs plain --------------------------------------
 
 
-def run_convergence(cfg, dtype_name, *, events, log):
+def run_convergence(cfg, dtype_name, *, log):
     sizes, n, s = cfg["sizes"], cfg["n"], cfg["batch_size"]
     dtype = jnp.float64 if dtype_name == "float64" else jnp.float32
     target = TARGETS[dtype_name]
@@ -304,27 +236,23 @@ def run_convergence(cfg, dtype_name, *, events, log):
     flat, unravel = ravel(params)
     P, B = int(flat.shape[0]), n // s
     x = jax.random.normal(jax.random.PRNGKey(2), (P,), dtype)
-    build = lambda **o: lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=s, **o)  # noqa: E731
-    project = fresh_jit(lambda A, x: A.project(x))
+    build = lambda **o: lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=s, **o)
+    project = H.fresh_jit(lambda A, x: A.project(x))
 
-    def timed_project(A):
-        proj, rep = events.measure(lambda: project(A, x))
-        t0 = time.perf_counter()
-        jax.block_until_ready(project(A, x))
-        return proj, rep["first_call_s"], time.perf_counter() - t0
-
-    def row(proj, first_s, run_s, **extra):
+    def row(A, **extra):
+        """Project x with A: the first call, then a second one timed alone."""
+        proj, rep = H.first_call(lambda: project(A, x))
+        run_s = H.timed(lambda: project(A, x))[1]
         return dict(sweeps=int(proj.sweeps), converged=bool(proj.converged),
-                    kernel_residual=float(proj.kernel_residual), first_call_s=first_s, run_s=run_s, **extra)
+                    kernel_residual=float(proj.kernel_residual), first_call_s=rep["first_call_s"], run_s=run_s, **extra)
 
     # CG: the default rtol, then a decade ladder until the kernel residual reaches the target.
     cg_runs = []
     A = build(method="cg", max_sweeps=cfg["cg_cap"])
-    cg_default = row(*timed_project(A), rtol=A.rtol)
+    cg_default = row(A, rtol=A.rtol)
     for rtol in [] if cg_default["kernel_residual"] <= target else cfg["rtols"][dtype_name]:
-        r = row(*timed_project(build(method="cg", rtol=rtol, max_sweeps=cfg["cg_cap"])), rtol=rtol)
-        cg_runs.append(r)
-        if r["kernel_residual"] <= target:
+        cg_runs.append(row(build(method="cg", rtol=rtol, max_sweeps=cfg["cg_cap"]), rtol=rtol))
+        if cg_runs[-1]["kernel_residual"] <= target:
             break
     cg_hit = min((r for r in [cg_default] + cg_runs if r["kernel_residual"] <= target),
                  key=lambda r: r["sweeps"], default=None)
@@ -334,9 +262,7 @@ def run_convergence(cfg, dtype_name, *, events, log):
     Ap = build(method="plain", rtol=0.0, max_sweeps=cfg["plain_cap"])
 
     def trajectory_f(A, params, X, x):
-        def knorm(w):
-            return jnp.linalg.norm(jax.jvp(lambda p: batched(fn)(p, X), (params,), (unravel(w),))[1])
-
+        knorm = lambda w: jnp.linalg.norm(jax.jvp(lambda p: H.batched(fn)(p, X), (params,), (unravel(w),))[1])
         k0 = knorm(x)
 
         def step(w, _):
@@ -345,17 +271,21 @@ def run_convergence(cfg, dtype_name, *, events, log):
 
         return lax.scan(step, x, None, length=A.max_sweeps)[1]
 
-    traj, rep_traj = events.measure(lambda: fresh_jit(trajectory_f)(Ap, params, X, x))
+    traj, rep_traj = H.first_call(lambda: H.fresh_jit(trajectory_f)(Ap, params, X, x))
     traj = np.asarray(traj)
     hit = np.nonzero(traj <= target)[0]
     t_hit = int(hit[0]) + 1 if hit.size else None
     plain_fixed = None
     if cfg.get("plain_fixed_run", True):  # left out of --quick (one more compile)
-        plain_fixed = row(*timed_project(build(method="plain", rtol=0.0, max_sweeps=t_hit or cfg["plain_cap"])),
-                          max_sweeps=t_hit or cfg["plain_cap"])
+        cap = t_hit or cfg["plain_cap"]
+        plain_fixed = row(build(method="plain", rtol=0.0, max_sweeps=cap), max_sweeps=cap)
     checkpoints = sorted({c for c in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000) if c <= len(traj)}
                          | {len(traj)})
-    res = {
+    hit_txt = "none" if cg_hit is None else f"rtol {cg_hit['rtol']:.1e}, {cg_hit['sweeps']} sweeps"
+    log(f"(b') {dtype_name}: target {target:g}; cg default rtol {cg_default['rtol']:.1e}: sweeps "
+        f"{cg_default['sweeps']} residual {cg_default['kernel_residual']:.2e}; cg reaching target: {hit_txt}; "
+        f"plain: {t_hit} sweeps (min residual {traj.min():.2e} in {len(traj)})")
+    return {
         "dtype": dtype_name, "target": target, "num_params": P, "num_batches": B, "rows_per_batch": s * sizes[-1],
         "cg_default_rtol": cg_default, "cg_ladder": cg_runs, "cg_first_reaching_target": cg_hit,
         "plain_first_sweep_reaching_target": t_hit, "plain_cap": cfg["plain_cap"],
@@ -364,96 +294,58 @@ def run_convergence(cfg, dtype_name, *, events, log):
         "plain_fixed_run": plain_fixed, "plain_trajectory_first_call_s": rep_traj["first_call_s"],
         "q_applications_per_cg_sweep": 2 * B - 1, "q_applications_per_plain_sweep": B,
     }
-    hit_txt = "none" if cg_hit is None else f"rtol {cg_hit['rtol']:.1e}, {cg_hit['sweeps']} sweeps"
-    log(f"(b') {dtype_name}: target {target:g}; cg default rtol {cg_default['rtol']:.1e}: sweeps "
-        f"{cg_default['sweeps']} residual {cg_default['kernel_residual']:.2e}; cg reaching target: "
-        f"{hit_txt}; plain: "
-        f"{t_hit} sweeps (min residual {traj.min():.2e} in {len(traj)})")
-    return res
 
 
 # --- (d): samples sharing a projection ---------------------------------------------------
 
 
-def run_samples(cfg, *, events, log, repeats, budget_s, one_projection):
-    sizes, n, s = cfg["sizes"], cfg["n"], cfg["batch_size"]
+def run_samples(cfg, *, log, timing, one_projection):
+    sizes, n, s, ks = cfg["sizes"], cfg["n"], cfg["batch_size"], cfg["ks"]
     fn, params, X, _ = make_problem(sizes, n, jnp.float32)
     P = int(ravel(params)[0].shape[0])
-    t0 = time.perf_counter()
-    A = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=s)
-    jax.block_until_ready(A.W)
-    setup_s = time.perf_counter() - t0
-    apply = fresh_jit(lambda A, e: A @ e)
-    eps_max = jax.random.normal(jax.random.PRNGKey(3), (P, max(cfg["ks"])), jnp.float32)
-    calls, compile_d, outs = {}, {}, {}
-    for k in cfg["ks"]:
-        e = eps_max[:, :k]
-        calls[f"k={k}"] = lambda e=e: apply(A, e)
-        outs[k], compile_d[f"k={k}"] = events.measure(calls[f"k={k}"])
+    A, rep = H.first_call(lambda: lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=s),
+                          block=lambda A: A.W)
+    setup_s = rep["first_call_s"]
+    apply = H.fresh_jit(lambda A, e: A @ e)
+    eps_max = jax.random.normal(jax.random.PRNGKey(3), (P, max(ks)), jnp.float32)
+    calls = {f"k={k}": (lambda e=eps_max[:, :k]: apply(A, e)) for k in ks}
+    outs, compile_d = H.first_calls(calls)
     # Agreement: the batched product column by column equals the single-vector product.
-    kmax = max(cfg["ks"])
-    cols = [0, kmax - 1]
-    single = [apply(A, eps_max[:, i:i + 1])[:, 0] for i in cols]
-    checks = {f"(A @ eps)[:, {i}] vs A @ eps[:, {i}:{i + 1}] (rel err)": rel_err(outs[kmax][:, i], sv)
-              for i, sv in zip(cols, single, strict=True)}
-    times, n_rounds = interleaved(calls, repeats=repeats, min_repeats=min(repeats, 5), budget_s=budget_s)
-    med = {k: statistics.median(t) for k, t in times.items()}
-    per = {k: med[f"k={k}"] / k for k in cfg["ks"]}
-    rep = {
+    kmax = max(ks)
+    checks = {f"(A @ eps)[:, {i}] vs A @ eps[:, {i}:{i + 1}] (rel err)":
+              H.rel_err(outs[f"k={kmax}"][:, i], apply(A, eps_max[:, i:i + 1])[:, 0]) for i in (0, kmax - 1)}
+    times, n_rounds = H.rounds(calls, warmup=3, **timing)
+    med = H.medians(times)
+    per = {k: med[f"k={k}"] / k for k in ks}
+    log(f"(d) {'-'.join(map(str, sizes))}: " + "  ".join(f"k={k}: {per[k] * 1e3:.2f} ms/sample" for k in ks))
+    return {
         "model": {"sizes": sizes, "num_params": P, "num_examples": n, "batch_size": s, "dtype": "float32"},
         "setup_s": setup_s, "rounds": n_rounds, "median_s": med,
         "per_sample_s": {str(k): v for k, v in per.items()},
-        "per_sample_with_setup_s": {str(k): (setup_s + med[f"k={k}"]) / k for k in cfg["ks"]},
-        "speedup_vs_k1": {str(k): per[1] / per[k] for k in cfg["ks"]} if 1 in per else {},
-        "compile": compile_d, "checks": checks,
-        "one_projection": one_projection,
+        "per_sample_with_setup_s": {str(k): (setup_s + med[f"k={k}"]) / k for k in ks},
+        "speedup_vs_k1": {str(k): per[1] / per[k] for k in ks} if 1 in per else {},
+        "compile": compile_d, "checks": checks, "one_projection": one_projection,
     }
-    log(f"(d) {'-'.join(map(str, sizes))}: " + "  ".join(f"k={k}: {per[k] * 1e3:.2f} ms/sample" for k in cfg["ks"]))
-    return rep
-
-
-# --- report ------------------------------------------------------------------------------
-
-
-def _ms(x):
-    return f"{x * 1e3:,.1f}"
-
-
-def _yes(met):
-    return "yes" if met else "**no**"
-
-
-def _mb(b):
-    return f"{b / 1e6:,.2f}"
 
 
 def markdown(report) -> str:
-    r, info, cfg = report["result"], report["machine"], report["config"]
+    r, cfg = report["result"], report["config"]
     big, conv, samp = r["large"], r["convergence"], r["samples"]
     m, st, mem, sw = big["model"], big["setup"], big["memory"], big["sweep"]
-    checks_b = big["checks"]
-    sizes = "-".join(map(str, m["sizes"]))
-    csizes = "-".join(map(str, cfg["convergence"]["sizes"]))
-    lines = [
-        "# Alternating projections (`benchmarks/projected.py`)",
-        "",
-        f"Command: `{report['command']}`  ",
-        f"Model (a)-(c): {sizes} tanh MLP ({m['num_params']:,} float32 parameters), N = {m['num_examples']} random "
-        f"inputs, S = {m['batch_size']} per batch: {m['num_batches']} batches of R = {m['rows_per_batch']} "
-        f"Jacobian rows. (b') and (d): a {csizes} tanh MLP, N = {cfg['convergence']['n']}, "
-        f"S = {cfg['convergence']['batch_size']} (see below).",
-        "",
-        "| goal | value | target | met |",
-        "|---|---:|---:|:---:|",
-        f"| (a) set-up, as called: `from_jacobian` / naive (first calls, compile included; ratio of medians) | "
-        f"{st['as_called_ratio_of_medians']:.3f} | ≤ {GOAL_SETUP} | {_yes(st['goal_as_called_met'])} |",
-        f"| (a) set-up, compiled: `jit(from_jacobian)` / `jit(naive)` (median per-round ratio) | "
-        f"{st['steady_ratio']['median']:.3f} | ≤ {GOAL_SETUP} | {_yes(st['goal_steady_met'])} |",
-        f"| (b) one sweep / one training epoch (median per-round ratio) | "
-        f"{sw['ratios']['sweep/epoch']['median']:.3f} | ≤ {GOAL_SWEEP} | {_yes(sw['goal_met'])} |",
-        "",
-        "## (a) Factor set-up",
-        "",
+    csizes, cc = "-".join(map(str, cfg["convergence"]["sizes"])), cfg["convergence"]
+    lines = H.head("Alternating projections", report) + [
+        f"Model (a)-(c): {'-'.join(map(str, m['sizes']))} tanh MLP ({m['num_params']:,} float32 parameters), N = "
+        f"{m['num_examples']} random inputs, S = {m['batch_size']} per batch: {m['num_batches']} batches of R = "
+        f"{m['rows_per_batch']} Jacobian rows. (b') and (d): a {csizes} tanh MLP, N = {cc['n']}, "
+        f"S = {cc['batch_size']} (see below).",
+        *H.table(("goal", "value", "target", "met"), [
+            ("(a) set-up, as called: `from_jacobian` / naive (first calls, compile included; ratio of medians)",
+             f"{st['as_called_ratio_of_medians']:.3f}", f"≤ {GOAL_SETUP}", H.yes(st["goal_as_called_met"])),
+            ("(a) set-up, compiled: `jit(from_jacobian)` / `jit(naive)` (median per-round ratio)",
+             f"{st['steady_ratio']['median']:.3f}", f"≤ {GOAL_SETUP}", H.yes(st["goal_steady_met"])),
+            ("(b) one sweep / one training epoch (median per-round ratio)",
+             f"{sw['ratios']['sweep/epoch']['median']:.3f}", f"≤ {GOAL_SWEEP}", H.yes(sw["goal_met"]))], "lrrc"),
+        *H.section("(a) Factor set-up"),
         "`lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=S)` (per batch: the R rows of M_b "
         "by per-example reverse passes, `jax.jacrev` of one example each, then the Gram M_b M_bᵀ by R forward-mode "
         "products of the batch's stored linearisation with them; `eigh` in a second loop; timed to "
@@ -464,51 +356,29 @@ def markdown(report) -> str:
         "so every call traces and compiles its loops again: *as called* compares it with the naive jit's first "
         "call (compile included); *compiled* wraps `from_jacobian` in `jax.jit` and compares steady-state calls, "
         "interleaved.",
-        "",
-        "| route | as called: first call s (each round) | of which XLA compile s | compiled: median s |",
-        "|---|---|---|---:|",
-    ]
-    names = {"from_jacobian": "from_jacobian (jit)", "naive": "naive (jit)"}
-    for k in ("from_jacobian", "naive"):
-        comp = [d["xla_compile_s"] for d in st["as_called_detail"][k]]
-        lines.append(f"| {k} | {', '.join(f'{t:.2f}' for t in st['as_called_s'][k])} | "
-                     f"{', '.join(_s(t) for t in comp)} | {st['steady_median_s'][names[k]]:.3f} |")
-    lines += [
-        "",
+        *H.table(("route", "as called: first call s (each round)", "of which XLA compile s", "compiled: median s"),
+                 [(k, ", ".join(f"{t:.2f}" for t in st["as_called_s"][k]),
+                   ", ".join(H.s(d["xla_compile_s"]) for d in st["as_called_detail"][k]),
+                   f"{st['steady_median_s'][f'{k} (jit)']:.3f}") for k in ("from_jacobian", "naive")], "lllr"),
         f"As called: ratio of medians {st['as_called_ratio_of_medians']:.3f} (per round: "
         f"{', '.join(f'{x:.3f}' for x in st['as_called_per_round_ratios'])}). Compiled: {st['steady_rounds']} "
-        f"rounds, median per-round ratio {_ratio(st['steady_ratio'])}. Ranks kept per batch: from_jacobian "
+        f"rounds, median per-round ratio {H.iqr(st['steady_ratio'])}. Ranks kept per batch: from_jacobian "
         f"{st['ranks_from_jacobian']}, naive {st['ranks_naive']}.",
-        "",
-        "## (b) One sweep vs one training epoch",
-        "",
+        *H.section("(b) One sweep vs one training epoch"),
         f"`jax.jit(lambda A, v: A.sweep(v))(A, v)` (Q_B ⋯ Q_1 v over the {m['num_batches']} batches) against one "
         f"epoch of SGD over the same batches (a jitted `lax.scan` of `grad` of the mean categorical loss + update, "
         f"lr {sw['learning_rate']}). **sweep** runs on the linearisations stored at set-up (the default; "
-        f"{checks_b['stored linearisation vs factors W (bytes)']} bytes stored vs the factors), **sweep "
+        f"{big['checks']['stored linearisation vs factors W (bytes)']} bytes stored vs the factors), **sweep "
         f"(recompute)** is `store_linearization=False` (a forward pass per batch in every sweep), **hand sweep** "
         f"is the stored-activation sweep written by hand for this MLP (params-shaped carry, the same W), the "
         f"reference for the operator layer. {sw['rounds']} interleaved rounds.",
-        "",
-        "| method | median ms | min ms | first call s |",
-        "|---|---:|---:|---:|",
-    ]
-    for k in sw["median_s"]:
-        lines.append(f"| {k} | {_ms(sw['median_s'][k])} | {_ms(sw['min_s'][k])} | "
-                     f"{sw['compile'][k]['first_call_s']:.2f} |")
-    lines += [
-        "",
-        "| ratio (median per-round, IQR) | value |",
-        "|---|---:|",
-    ]
-    for k, v in sw["ratios"].items():
-        lines.append(f"| {k} | {_ratio(v)} |")
-    lines += [
-        "",
-        "## (b') Sweeps to a kernel residual: `method=\"cg\"` vs `method=\"plain\"`",
-        "",
-        f"Smaller model: {csizes} tanh MLP, N = {cfg['convergence']['n']}, S = {cfg['convergence']['batch_size']} "
-        f"({conv[0]['num_batches']} batches of {conv[0]['rows_per_batch']} rows, P = {conv[0]['num_params']:,}; "
+        *H.table(("method", "median ms", "min ms", "first call s"),
+                 [(k, H.ms(sw["median_s"][k]), H.ms(sw["min_s"][k]), f"{sw['compile'][k]['first_call_s']:.2f}")
+                  for k in sw["median_s"]]),
+        *H.table(("ratio (median per-round, IQR)", "value"), [(k, H.iqr(v)) for k, v in sw["ratios"].items()]),
+        *H.section("(b') Sweeps to a kernel residual: `method=\"cg\"` vs `method=\"plain\"`"),
+        f"Smaller model: {csizes} tanh MLP, N = {cc['n']}, S = {cc['batch_size']} ({conv[0]['num_batches']} batches "
+        f"of {conv[0]['rows_per_batch']} rows, P = {conv[0]['num_params']:,}; "
         f"{conv[0]['num_batches'] * conv[0]['rows_per_batch']} rows in all, so the kernel has dimension ≥ "
         f"{conv[0]['num_params'] - conv[0]['num_batches'] * conv[0]['rows_per_batch']}), one random x. Kernel "
         "residual = `Projection.kernel_residual` = ‖M Πx‖ / ‖M x‖. float64 under `jax.enable_x64(True)`. "
@@ -519,172 +389,103 @@ def markdown(report) -> str:
         "`A.sweep`), then the library's own run with `max_sweeps` fixed at the first count reaching the "
         "target. Times: a second call of the jitted `A.project` (single call, not interleaved).",
         "",
-        "| dtype | target | method | rtol / max_sweeps | sweeps | Q_b applications | converged | kernel residual "
-        "| time s |",
-        "|---|---:|---|---|---:|---:|:---:|---:|---:|",
     ]
+    rows, rows2 = [], []
     for c in conv:
-        qc, qp = c["q_applications_per_cg_sweep"], c["q_applications_per_plain_sweep"]
-        d = c["cg_default_rtol"]
-        lines.append(f"| {c['dtype']} | {c['target']:g} | cg (default rtol) | {d['rtol']:.1e} | {d['sweeps']} | "
-                     f"{d['sweeps'] * qc} | {d['converged']} | {d['kernel_residual']:.2e} | {d['run_s']:.3f} |")
-        for g in c["cg_ladder"]:
-            lines.append(f"| {c['dtype']} | {c['target']:g} | cg | {g['rtol']:.0e} | {g['sweeps']} | "
-                         f"{g['sweeps'] * qc} | {g['converged']} | {g['kernel_residual']:.2e} | {g['run_s']:.3f} |")
-        pf = c["plain_fixed_run"]
-        if pf is None:
-            continue
-        lines.append(f"| {c['dtype']} | {c['target']:g} | plain (rtol=0) | max_sweeps={pf['max_sweeps']} | "
-                     f"{pf['sweeps']} | {pf['sweeps'] * qp} | {pf['converged']} | {pf['kernel_residual']:.2e} | "
-                     f"{pf['run_s']:.3f} |")
+        qc, qp, d = c["q_applications_per_cg_sweep"], c["q_applications_per_plain_sweep"], c["cg_default_rtol"]
+        runs = [("cg (default rtol)", f"{d['rtol']:.1e}", d, qc)] + [("cg", f"{g['rtol']:.0e}", g, qc)
+                                                                       for g in c["cg_ladder"]]
+        if c["plain_fixed_run"] is not None:
+            pf = c["plain_fixed_run"]
+            runs.append(("plain (rtol=0)", f"max_sweeps={pf['max_sweeps']}", pf, qp))
+        rows += [(c["dtype"], f"{c['target']:g}", meth, setting, g["sweeps"], g["sweeps"] * q, g["converged"],
+                  f"{g['kernel_residual']:.2e}", f"{g['run_s']:.3f}") for meth, setting, g, q in runs]
+        h, t = c["cg_first_reaching_target"], c["plain_first_sweep_reaching_target"]
+        rows2.append((c["dtype"], f"{c['target']:g}",
+                      "not reached" if h is None else f"{h['sweeps']} ({h['sweeps'] * qc}) at rtol {h['rtol']:.1e}",
+                      f"not reached in {c['plain_cap']} (min {c['plain_min_residual']:.1e})" if t is None
+                      else f"{t} ({t * qp})", ", ".join(f"{k}: {v:.1e}" for k, v in c["plain_residual_at"].items())))
+    k_rows = [(k, H.ms(samp["median_s"][f"k={k}"]), f"{samp['per_sample_s'][str(k)] * 1e3:,.2f}",
+               f"{samp['speedup_vs_k1'].get(str(k), float('nan')):.2f}",
+               f"{samp['per_sample_with_setup_s'][str(k)] * 1e3:,.1f}") for k in cfg["samples"]["ks"]]
+    sm, op = samp["model"], samp["one_projection"]
     lines += [
-        "",
-        "| dtype | target | cg: sweeps (Q_b) to target | plain: sweeps (Q_b) to target | plain residual after "
-        "n sweeps |",
-        "|---|---:|---|---|---|",
-    ]
-    for c in conv:
-        qc, qp = c["q_applications_per_cg_sweep"], c["q_applications_per_plain_sweep"]
-        h = c["cg_first_reaching_target"]
-        cg_txt = "not reached" if h is None else f"{h['sweeps']} ({h['sweeps'] * qc}) at rtol {h['rtol']:.1e}"
-        t = c["plain_first_sweep_reaching_target"]
-        pl_txt = (f"not reached in {c['plain_cap']} (min {c['plain_min_residual']:.1e})" if t is None
-                  else f"{t} ({t * qp})")
-        at = ", ".join(f"{k}: {v:.1e}" for k, v in c["plain_residual_at"].items())
-        lines.append(f"| {c['dtype']} | {c['target']:g} | {cg_txt} | {pl_txt} | {at} |")
-    lines += [
-        "",
-        "## (c) Memory of the stored factors",
-        "",
-        "| what | shape | MB |",
-        "|---|---|---:|",
-        f"| `A.W` (R × R factor per batch) | {' × '.join(map(str, mem['W_shape']))} float32 | "
-        f"{_mb(mem['W_nbytes'])} |",
-        f"| the Jacobian, N·O × P | {m['num_examples'] * m['num_outputs']:,} × {m['num_params']:,} float32 | "
-        f"{_mb(mem['jacobian_nbytes'])} |",
-        f"| one batch's Jacobian M_b (what the naive route holds at a time) | {m['rows_per_batch']} × "
-        f"{m['num_params']:,} float32 | {_mb(mem['per_batch_jacobian_nbytes'])} |",
-        "",
+        *H.table(("dtype", "target", "method", "rtol / max_sweeps", "sweeps", "Q_b applications", "converged",
+                  "kernel residual", "time s"), rows, "lrllrrcrr"),
+        *H.table(("dtype", "target", "cg: sweeps (Q_b) to target", "plain: sweeps (Q_b) to target",
+                  "plain residual after n sweeps"), rows2, "lrlll"),
+        *H.section("(c) Memory of the stored factors"),
+        *H.table(("what", "shape", "MB"), [
+            ("`A.W` (R × R factor per batch)", f"{' × '.join(map(str, mem['W_shape']))} float32",
+             H.mb(mem["W_nbytes"], 2)),
+            ("the Jacobian, N·O × P", f"{m['num_examples'] * m['num_outputs']:,} × {m['num_params']:,} float32",
+             H.mb(mem["jacobian_nbytes"], 2)),
+            ("one batch's Jacobian M_b (what the naive route holds at a time)",
+             f"{m['rows_per_batch']} × {m['num_params']:,} float32", H.mb(mem["per_batch_jacobian_nbytes"], 2))],
+            "llr"),
         f"`A.W.nbytes` / Jacobian bytes = {mem['ratio']:.2e} ({1 / mem['ratio']:,.0f}× smaller). The operator "
         "also keeps the params and the (padded) inputs, which any route needs.",
-        "",
-        "## (d) Samples sharing one projection: `A @ eps`, eps (P, k)",
-        "",
-        f"Small model ({'-'.join(map(str, samp['model']['sizes']))}, P = {samp['model']['num_params']:,}, N = "
-        f"{samp['model']['num_examples']}, S = {samp['model']['batch_size']}, float32, default `method=\"cg\"`, "
-        f"rtol {samp['one_projection']['rtol']:.1e}: one projection takes {samp['one_projection']['sweeps']} "
-        f"sweeps, kernel residual {samp['one_projection']['kernel_residual']:.1e}). On the large model one "
+        *H.section("(d) Samples sharing one projection: `A @ eps`, eps (P, k)"),
+        f"Small model ({'-'.join(map(str, sm['sizes']))}, P = {sm['num_params']:,}, N = {sm['num_examples']}, "
+        f"S = {sm['batch_size']}, float32, default `method=\"cg\"`, rtol {op['rtol']:.1e}: one projection takes "
+        f"{op['sweeps']} sweeps, kernel residual {op['kernel_residual']:.1e}). On the large model one "
         "CG projection is tens to hundreds of symmetric sweeps, each about twice (b)'s sweep, and k up to 32 "
-        f"of them do not fit this run's time budget on 2 CPU cores. "
-        f"`jax.jit(lambda A, e: A @ e)`, {samp['rounds']} interleaved rounds; the "
-        f"factor set-up ({samp['setup_s']:.2f} s, compile included) is shared by all k samples.",
-        "",
-        "| k | median ms per call | ms per sample | speed-up per sample vs k = 1 | (set-up + call) / k, ms |",
-        "|---:|---:|---:|---:|---:|",
+        f"of them do not fit this run's time budget on 2 CPU cores. `jax.jit(lambda A, e: A @ e)`, "
+        f"{samp['rounds']} interleaved rounds; the factor set-up ({samp['setup_s']:.2f} s, compile included) is "
+        "shared by all k samples.",
+        *H.table(("k", "median ms per call", "ms per sample", "speed-up per sample vs k = 1",
+                  "(set-up + call) / k, ms"), k_rows, "rrrrr"),
+        *H.section("Checks (before timing)"),
+        *H.table(("check", "value"), [(k, f"{v:.2e}" if isinstance(v, float) else v)
+                                      for k, v in {**big["checks"], **samp["checks"]}.items()], "ll"),
     ]
-    for k in cfg["samples"]["ks"]:
-        lines.append(f"| {k} | {_ms(samp['median_s'][f'k={k}'])} | {samp['per_sample_s'][str(k)] * 1e3:,.2f} | "
-                     f"{samp['speedup_vs_k1'].get(str(k), float('nan')):.2f} | "
-                     f"{samp['per_sample_with_setup_s'][str(k)] * 1e3:,.1f} |")
-    checks = dict(big["checks"])
-    checks.update(samp["checks"])
-    lines += [
-        "",
-        "## Checks (before timing)",
-        "",
-        "| check | value |",
-        "|---|---|",
-    ]
-    for k, v in checks.items():
-        lines.append(f"| {k} | {v:.2e} |" if isinstance(v, float) else f"| {k} | {v} |")
-    lines += ["", "## Machine", "", "| key | value |", "|---|---|"]
-    for key, val in info.items():
-        lines.append(f"| {key} | {val} |")
-    lines.append("")
-    return "\n".join(lines)
-
-
-# --- main --------------------------------------------------------------------------------
+    return H.render(lines + H.machine(report))
 
 
 def config_for(quick: bool):
-    small = {"sizes": [20, 32, 32, 3], "n": 256, "batch_size": 8}
     if quick:  # smoke run: tiny models, no rtol ladder (every compile costs seconds, whatever the size)
         tiny = {"sizes": [20, 16, 16, 3], "n": 64, "batch_size": 8}
-        return {
-            "large": {"sizes": [64, 32, 32, 10], "n": 128, "batch_size": 16},
-            "convergence": dict(tiny, cg_cap=200, plain_cap=200, rtols={"float64": [], "float32": []},
-                                plain_fixed_run=False),
-            "samples": dict(tiny, ks=[1, 8]),
-        }
-    return {
-        "large": {"sizes": [784, 128, 128, 10], "n": 1024, "batch_size": 16},
-        "convergence": dict(small, cg_cap=500, plain_cap=5000,
-                            rtols={"float64": [1e-8, 1e-9, 1e-10], "float32": [1e-4, 1e-5, 1e-6]}),
-        "samples": dict(small, ks=[1, 8, 32]),
-    }
+        return {"large": {"sizes": [64, 32, 32, 10], "n": 128, "batch_size": 16},
+                "convergence": dict(tiny, cg_cap=200, plain_cap=200, rtols={"float64": [], "float32": []},
+                                    plain_fixed_run=False),
+                "samples": dict(tiny, ks=[1, 8])}
+    small = {"sizes": [20, 32, 32, 3], "n": 256, "batch_size": 8}
+    return {"large": {"sizes": [784, 128, 128, 10], "n": 1024, "batch_size": 16},
+            "convergence": dict(small, cg_cap=500, plain_cap=5000,
+                                rtols={"float64": [1e-8, 1e-9, 1e-10], "float32": [1e-4, 1e-5, 1e-6]}),
+            "samples": dict(small, ks=[1, 8, 32])}
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="fast smoke run (small models, few repeats)")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"),
-                   help="output directory (default: benchmarks/results)")
-    args = p.parse_args(argv)
-    cfg = config_for(args.quick)
-
-    events = CompileEvents()
-    t_start = time.perf_counter()
-    log = lambda s: print(f"[{time.perf_counter() - t_start:6.1f}s] {s}", flush=True)  # noqa: E731
-    log(f"jax {jax.__version__} on {jax.default_backend()}, {os.cpu_count()} CPUs")
-    large = run_setup_and_sweep(cfg["large"], events=events, log=log,
-                                rounds_setup=1 if args.quick else 2,
-                                sweep_repeats=20 if args.quick else 200, sweep_min=5 if args.quick else 30,
-                                sweep_budget=1.0 if args.quick else 15.0)
-    convergence = []
+    run = H.Run(__file__, __doc__, argv)
+    q, cfg = run.quick, config_for(run.quick)
+    large = run_setup_and_sweep(cfg["large"], log=run.log, rounds_setup=1 if q else 2, sweep_timing={
+        "max_rounds": 20 if q else 200, "min_rounds": 5 if q else 30, "budget_s": 1.0 if q else 15.0})
     with jax.enable_x64(True):
-        convergence.append(run_convergence(cfg["convergence"], "float64", events=events, log=log))
-    convergence.append(run_convergence(cfg["convergence"], "float32", events=events, log=log))
+        convergence = [run_convergence(cfg["convergence"], "float64", log=run.log)]
+    convergence.append(run_convergence(cfg["convergence"], "float32", log=run.log))
     # (d) uses (b')'s model: its float32 default-rtol projection is the one each column runs.
-    samples = run_samples(cfg["samples"], events=events, log=log, repeats=10 if args.quick else 40,
-                          budget_s=1.0 if args.quick else 15.0, one_projection=convergence[1]["cg_default_rtol"])
-    total = time.perf_counter() - t_start
-
+    repeats = 10 if q else 40
+    samples = run_samples(cfg["samples"], log=run.log, one_projection=convergence[1]["cg_default_rtol"], timing={
+        "max_rounds": repeats, "min_rounds": min(repeats, 5), "budget_s": 1.0 if q else 15.0})
     st, sw = large["setup"], large["sweep"]
-    report = {
-        "benchmark": "projected",
-        "command": " ".join(["python", "benchmarks/projected.py"] + (sys.argv[1:] if argv is None else list(argv))),
-        "goals": {"setup": {"ratio": "from_jacobian / naive set-up time", "max": GOAL_SETUP},
-                  "sweep": {"ratio": "one sweep / one training epoch", "max": GOAL_SWEEP},
-                  "kernel_residual_targets": TARGETS},
-        "quick": args.quick,
-        "total_s": total,
-        "config": cfg,
-        "summary": {
-            "setup as called (ratio of medians)": st["as_called_ratio_of_medians"],
-            "setup compiled (median per-round ratio)": st["steady_ratio"]["median"],
-            "setup_goal_met_as_called": st["goal_as_called_met"],
-            "setup_goal_met_compiled": st["goal_steady_met"],
-            "sweep/epoch": sw["ratios"]["sweep/epoch"]["median"],
-            "sweep_goal_met": sw["goal_met"],
-            "W bytes / Jacobian bytes": large["memory"]["ratio"],
-            "sweeps to target": {c["dtype"]: {
-                "cg": None if c["cg_first_reaching_target"] is None else c["cg_first_reaching_target"]["sweeps"],
-                "plain": c["plain_first_sweep_reaching_target"]} for c in convergence},
-            "per-sample ms": {k: v * 1e3 for k, v in samples["per_sample_s"].items()},
-        },
-        "machine": machine_info(),
-        "result": {"large": large, "convergence": convergence, "samples": samples},
+    s = {
+        "setup as called (ratio of medians)": st["as_called_ratio_of_medians"],
+        "setup compiled (median per-round ratio)": st["steady_ratio"]["median"],
+        "setup_goal_met_as_called": st["goal_as_called_met"], "setup_goal_met_compiled": st["goal_steady_met"],
+        "sweep/epoch": sw["ratios"]["sweep/epoch"]["median"], "sweep_goal_met": sw["goal_met"],
+        "W bytes / Jacobian bytes": large["memory"]["ratio"],
+        "sweeps to target": {c["dtype"]: {"cg": (c["cg_first_reaching_target"] or {}).get("sweeps"),
+                                          "plain": c["plain_first_sweep_reaching_target"]} for c in convergence},
+        "per-sample ms": {k: v * 1e3 for k, v in samples["per_sample_s"].items()},
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "projected.json").write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
-    (out / "projected.md").write_text(markdown(report), encoding="utf-8")
-    s = report["summary"]
-    log(f"set-up goal (<= {GOAL_SETUP}): as called {s['setup as called (ratio of medians)']:.3f}, compiled "
-        f"{s['setup compiled (median per-round ratio)']:.3f}; sweep goal (<= {GOAL_SWEEP}): {s['sweep/epoch']:.3f}; "
-        f"total {total:.1f}s; wrote {out / 'projected.json'} and {out / 'projected.md'}")
-    return report
+    run.write({"goals": {"setup": {"ratio": "from_jacobian / naive set-up time", "max": GOAL_SETUP},
+                         "sweep": {"ratio": "one sweep / one training epoch", "max": GOAL_SWEEP},
+                         "kernel_residual_targets": TARGETS},
+               "config": cfg, "summary": s,
+               "result": {"large": large, "convergence": convergence, "samples": samples}}, markdown)
+    run.log(f"set-up goal (<= {GOAL_SETUP}): as called {s['setup as called (ratio of medians)']:.3f}, compiled "
+            f"{s['setup compiled (median per-round ratio)']:.3f}; sweep goal (<= {GOAL_SWEEP}): {s['sweep/epoch']:.3f}")
 
 
 if __name__ == "__main__":

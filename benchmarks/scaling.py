@@ -1,38 +1,28 @@
+#!/usr/bin/env python
 """Data-parallel GGN products and projection sweeps on 1, 2, 4 and 8 devices: what the sharding costs.
 
-    python benchmarks/scaling.py            # full run (a 784-128-128-10 MLP, N = 4,096)
-    python benchmarks/scaling.py --quick    # smoke run (small model, few rounds; run in CI)
+``lo.GGNOp(..., mesh=mesh)`` splits the examples over the mesh (one ``psum`` of P numbers per product). Here
+the devices are forced host devices (``--xla_force_host_platform_device_count=8``, set by this script
+before JAX starts) sharing the machine's cores: the ideal time ratio to one device is 1, and the excess is
+the sharding's overhead, not a speed-up. Projections (``from_jacobian(..., mesh=mesh)``) keep each batch's
+factors where they were built and sweep sequentially or split; the script times one symmetric sweep each
+way, counts the CG sweeps each needs, times sample-parallel projections, and estimates a GPU node from
+flops and all-reduce sizes. Every product is checked against one device's first. See ``benchmarks/README.md``.
 
-`lo.GGNOp(..., mesh=mesh)` splits the examples over the mesh's devices: each device streams over its
-share in batches (`lax.scan`) and the partial products are summed with one `psum` of P numbers. On this
-CPU machine the devices are forced host devices (``--xla_force_host_platform_device_count=8``, set by
-this script before JAX starts) that share the machine's cores, so the total work is the same on every
-mesh and the ideal time ratio to one device is 1: what is measured is the communication and
-partitioning overhead, ``time(D) / time(1) - 1``, not a speed-up. The report ends with an estimate of
-the time on a node of D GPUs from the product's flops and the size of the all-reduce.
-
-Projections (`lo.AlternatingProjectionOp.from_jacobian(..., mesh=mesh)`) keep each batch's factors on
-the device that built them. A sweep runs either as the single-device product (``split_sweeps=False``:
-identical results) or with the batch sequence split over the devices and the per-device sweeps averaged
-(``split_sweeps=True``): the script times one symmetric sweep each way and measures what the split costs
-in convergence (CG sweeps to the same tolerance, and the kernel residual reached).
-
-Every product is checked against the single-device one before timing. Ratios are medians of
-per-round ratios (rounds interleave the meshes). Writes ``results/scaling.{json,md}``.
+Run:  python benchmarks/scaling.py            # full run (a 784-128-128-10 MLP, N = 4,096)
+      python benchmarks/scaling.py --quick    # smoke run (small model, few rounds; run in CI)
 """
 
 from __future__ import annotations
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # before JAX starts
 
-import argparse  # noqa: E402
-import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
+import _harness as H  # noqa: E402
 import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -42,17 +32,6 @@ from jax.sharding import Mesh  # noqa: E402
 import linops as lo  # noqa: E402
 from linops.likelihoods import Categorical  # noqa: E402
 from linops.models import from_equinox, ravel  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import machine_info  # noqa: E402
-
-
-def config_for(quick: bool) -> dict:
-    if quick:
-        return {"sizes": (32, 32, 10), "n": 512, "batch": 32, "rounds": 3, "devices": (1, 2, 4, 8),
-                "projection": {"sizes": (8, 32, 4), "n": 48, "batch": 4, "rounds": 3}}
-    return {"sizes": (784, 128, 128, 10), "n": 4096, "batch": 128, "rounds": 40, "devices": (1, 2, 4, 8),
-            "projection": {"sizes": (64, 64, 64, 10), "n": 512, "batch": 16, "rounds": 10}}
 
 
 def problem(cfg):
@@ -65,38 +44,36 @@ def problem(cfg):
     return fn, params, X, y, v
 
 
+def mesh_of(d):
+    return None if d == 1 else Mesh(np.array(jax.devices()[:d]), ("data",))
+
+
+def alternating(calls, rounds):
+    """``rounds`` rounds over ``calls``, the order reversed every other round: ``{name: [seconds]}``."""
+    return H.rounds(calls, min_rounds=rounds, max_rounds=rounds, reverse=True)[0]
+
+
 def measure(cfg, log):
     fn, params, X, y, v = problem(cfg)
-    P = int(v.shape[0])
     devices = [d for d in cfg["devices"] if d <= jax.device_count()]
-    programs, reference = {}, None
+    calls, reference = {}, None
     for d in devices:
-        mesh = None if d == 1 else Mesh(np.array(jax.devices()[:d]), ("data",))
-        G = lo.GGNOp(fn, params, X, y, Categorical(), batch_size=cfg["batch"], mesh=mesh)
+        G = lo.GGNOp(fn, params, X, y, Categorical(), batch_size=cfg["batch"], mesh=mesh_of(d))
         f = jax.jit(lambda G, v: G @ v).lower(G, v).compile()
         out = f(G, v).block_until_ready()
-        if reference is None:
-            reference = out
+        reference = out if reference is None else reference
         err = float(jnp.linalg.norm(out - reference) / jnp.linalg.norm(reference))
         if err > 1e-4:
             raise SystemExit(f"{d} devices: the sharded product differs from one device's by {err:.1e}")
-        programs[d] = (f, G)
+        calls[d] = lambda f=f, G=G: f(G, v)
         log(f"  {d} device(s): compiled, relative difference to one device {err:.1e}")
-    times = {d: [] for d in devices}
-    for r in range(cfg["rounds"]):
-        order = devices if r % 2 == 0 else devices[::-1]
-        for d in order:
-            f, G = programs[d]
-            t0 = time.perf_counter()
-            f(G, v).block_until_ready()
-            times[d].append(time.perf_counter() - t0)
+    times = alternating(calls, cfg["rounds"])
     rows = {}
     for d in devices:
-        ratios = np.asarray(times[d]) / np.asarray(times[1])
-        rows[d] = {"median_s": float(np.median(times[d])), "ratio_to_1": float(np.median(ratios)),
-                   "ratio_p25": float(np.percentile(ratios, 25)), "ratio_p75": float(np.percentile(ratios, 75)),
-                   "examples_per_device": cfg["n"] // d}
-    return {"num_params": P, "rows": rows}
+        r = H.ratio(times, d, 1)
+        rows[d] = {"median_s": float(np.median(times[d])), "ratio_to_1": r["median"], "ratio_p25": r["p25"],
+                   "ratio_p75": r["p75"], "examples_per_device": cfg["n"] // d}
+    return {"num_params": int(v.shape[0]), "rows": rows}
 
 
 def measure_projection(cfg, log):
@@ -113,17 +90,16 @@ def _measure_projection(cfg, log):
     X, x = X.astype(jnp.float64), x.astype(jnp.float64)
     devices = [d for d in cfg["devices"] if d <= jax.device_count()]
     variants = [(1, False)] + [(d, split) for d in devices if d > 1 for split in (False, True)]
-    ops, projections = {}, {}
+    calls, projections = {}, {}
     for d, split in variants:
-        mesh = None if d == 1 else Mesh(np.array(jax.devices()[:d]), ("data",))
-        Pi = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=pc["batch"], mesh=mesh,
+        Pi = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=pc["batch"], mesh=mesh_of(d),
                                                       split_sweeps=split, max_sweeps=3000)
         Pi.symmetric_sweep(x).block_until_ready()  # compile
         t0 = time.perf_counter()
         result = Pi.project(x)
         result.value.block_until_ready()
         elapsed = time.perf_counter() - t0
-        ops[d, split] = Pi
+        calls[d, split] = lambda Pi=Pi: Pi.symmetric_sweep(x)
         projections[d, split] = {"sweeps": int(result.sweeps), "converged": bool(result.converged),
                                  "kernel_residual": float(result.kernel_residual), "first_call_s": elapsed,
                                  "value": result.value}
@@ -136,20 +112,12 @@ def _measure_projection(cfg, log):
         if not key[1] and row["difference_to_1"] > 1e-6:
             raise SystemExit(f"{key[0]} devices: the sequential projection differs from one device's by "
                              f"{row['difference_to_1']:.1e}")
-    times = {k: [] for k in variants}
-    for r in range(pc["rounds"]):
-        for k in (variants if r % 2 == 0 else variants[::-1]):
-            t0 = time.perf_counter()
-            ops[k].symmetric_sweep(x).block_until_ready()
-            times[k].append(time.perf_counter() - t0)
-    base = np.asarray(times[1, False])
+    times = alternating(calls, pc["rounds"])
     rows = []
     for (d, split) in variants:
-        ratios = np.asarray(times[d, split]) / base
-        p = projections[d, split]
+        r, p = H.ratio(times, (d, split), (1, False)), projections[d, split]
         rows.append({"devices": d, "split": split, "sweep_s": float(np.median(times[d, split])),
-                     "sweep_ratio_to_1": float(np.median(ratios)), "ratio_p25": float(np.percentile(ratios, 25)),
-                     "ratio_p75": float(np.percentile(ratios, 75)), **p,
+                     "sweep_ratio_to_1": r["median"], "ratio_p25": r["p25"], "ratio_p75": r["p75"], **p,
                      "sweeps_ratio_to_1": p["sweeps"] / projections[1, False]["sweeps"]})
     samples = _measure_samples(pc, fn, params, X, devices, log)
     return {"num_params": int(x.shape[0]), "num_batches": -(-pc["n"] // pc["batch"]), "rows": rows,
@@ -166,20 +134,13 @@ def _measure_samples(pc, fn, params, X, devices, log):
     V = jax.random.normal(jax.random.key(5), (ravel(params)[0].shape[0], k), jnp.float64)
     calls = {}
     for d in devices:
-        mesh = None if d == 1 else Mesh(np.array(jax.devices()[:d]), ("data",))
-        Pi = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=pc["batch"], mesh=mesh,
+        Pi = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=pc["batch"], mesh=mesh_of(d),
                                                       max_sweeps=SAMPLE_STEPS, rtol=0.0)
         (Pi @ V).block_until_ready()  # compile
-        calls[d] = Pi
-    times = {d: [] for d in devices}
-    for r in range(max(2, pc["rounds"] // 3)):
-        for d in (devices if r % 2 == 0 else devices[::-1]):
-            t0 = time.perf_counter()
-            (calls[d] @ V).block_until_ready()
-            times[d].append(time.perf_counter() - t0)
-    base = np.asarray(times[1])
+        calls[d] = lambda Pi=Pi: Pi @ V
+    times = alternating(calls, max(2, pc["rounds"] // 3))
     out = [{"devices": d, "columns": k, "steps": SAMPLE_STEPS, "median_s": float(np.median(times[d])),
-            "ratio_to_1": float(np.median(np.asarray(times[d]) / base))} for d in devices]
+            "ratio_to_1": H.ratio(times, d, 1)["median"]} for d in devices]
     for row in out:
         log(f"  {k} samples on {row['devices']} device(s), {SAMPLE_STEPS} CG steps: {row['median_s']:.2f} s, "
             f"ratio {row['ratio_to_1']:.2f}")
@@ -227,17 +188,15 @@ def gpu_estimate(P: int, N: int, devices=(1, 2, 4, 8)) -> list[dict]:
 
 def markdown(report) -> str:
     cfg, res = report["config"], report["result"]
-    lines = ["# Data-parallel GGN products (`benchmarks/scaling.py`)", "",
-             f"Command: `python benchmarks/scaling.py{' --quick' if report['quick'] else ''}`  ",
+    lines = H.head("Data-parallel GGN products", report) + [
              f"Model: {'-'.join(map(str, cfg['sizes']))} tanh MLP (P = {res['num_params']:,}), N = {cfg['n']:,} "
              f"examples, batch {cfg['batch']} per device, categorical likelihood, float32; "
              f"{report['machine'].get('cpu_model') or 'CPU'}, {report['machine'].get('cpus_usable')} cores, "
              "forced host devices sharing them.", "",
-             "| devices | examples per device | median time per product | time / one device's (IQR) |",
-             "|---:|---:|---:|---:|"]
-    for d, row in res["rows"].items():
-        lines.append(f"| {d} | {row['examples_per_device']:,} | {row['median_s'] * 1e3:.1f} ms | "
-                     f"{row['ratio_to_1']:.2f} ({row['ratio_p25']:.2f}–{row['ratio_p75']:.2f}) |")
+             *H.table(("devices", "examples per device", "median time per product", "time / one device's (IQR)"),
+                      [(d, f"{r['examples_per_device']:,}", f"{r['median_s'] * 1e3:.1f} ms",
+                        f"{r['ratio_to_1']:.2f} ({r['ratio_p25']:.2f}–{r['ratio_p75']:.2f})")
+                       for d, r in res["rows"].items()], "rrrr")]
     lines += ["", "The host devices share the same cores, so the ideal ratio is 1.00 and the excess is the cost "
               "of splitting the data, the per-device programs and the `psum`. Every sharded product equals the "
               "single-device one (checked before timing; the `distributed` tests check the operators and the "
@@ -246,10 +205,9 @@ def markdown(report) -> str:
               f"flops (forward, JVP and two reverse passes); at an assumed sustained {GPU_FLOPS / 1e12:.0f} TFLOP/s "
               "per GPU, split evenly over D GPUs, plus a ring all-reduce of P float32 numbers (NVLink at "
               f"{NVLINK / 1e9:.0f} GB/s, {LATENCY * 1e6:.0f} µs latency):", "",
-              "| GPUs | compute | all-reduce | efficiency |", "|---:|---:|---:|---:|"]
-    for e in report["gpu_estimate"]:
-        lines.append(f"| {e['devices']} | {e['compute_s'] * 1e6:.0f} µs | {e['allreduce_s'] * 1e6:.0f} µs | "
-                     f"{e['efficiency']:.2f} |")
+              *H.table(("GPUs", "compute", "all-reduce", "efficiency"),
+                       [(e["devices"], f"{e['compute_s'] * 1e6:.0f} µs", f"{e['allreduce_s'] * 1e6:.0f} µs",
+                         f"{e['efficiency']:.2f}") for e in report["gpu_estimate"]], "rrrr")]
     lines += ["", "Efficiency is compute / (compute + all-reduce): the all-reduce of P numbers is fixed while the "
               "compute shrinks with D, so a larger N per device keeps it high. The measured CPU ratios above say "
               "nothing about this (the forced host devices share two cores); they bound the overhead of the "
@@ -257,7 +215,7 @@ def markdown(report) -> str:
     proj = report.get("projection")
     if proj:
         pc = cfg["projection"]
-        lines += ["## Projection sweeps", "",
+        lines += [*H.section("Projection sweeps"),
                   f"Model: {'-'.join(map(str, pc['sizes']))} tanh MLP (P = {proj['num_params']:,}), "
                   f"N = {pc['n']:,}, {proj['num_batches']} batches of {pc['batch']} examples "
                   f"({pc['batch'] * pc['sizes'][-1]} rows), CG to the default tolerance, float64 (in float32 CG "
@@ -266,22 +224,21 @@ def markdown(report) -> str:
                   "*Sequential*: the sweep is one device's product Q_1 ⋯ Q_B ⋯ Q_1 (XLA moves each batch's "
                   "factors to the vector). *Split*: each device sweeps its own batches and the results are "
                   "averaged (one `psum` per sweep).", "",
-                  "| devices | sweep | time per sweep / one device's (IQR) | CG sweeps | sweeps / one device's | "
-                  "kernel residual | difference to one device |", "|---:|---|---:|---:|---:|---:|---:|"]
-        for r in proj["rows"]:
-            kind = "split" if r["split"] else "sequential"
-            sweeps = f"{r['sweeps']}{'' if r['converged'] else ' (not converged)'}"
-            lines.append(f"| {r['devices']} | {kind} | {r['sweep_ratio_to_1']:.2f} ({r['ratio_p25']:.2f}–"
-                         f"{r['ratio_p75']:.2f}) | {sweeps} | {r['sweeps_ratio_to_1']:.2f} | "
-                         f"{r['kernel_residual']:.1e} | {r['difference_to_1']:.1e} |")
-        lines += ["", f"**Sample-parallel projections** ({proj['samples'][0]['columns']} samples, "
+                  *H.table(("devices", "sweep", "time per sweep / one device's (IQR)", "CG sweeps",
+                            "sweeps / one device's", "kernel residual", "difference to one device"),
+                           [(r["devices"], "split" if r["split"] else "sequential",
+                             f"{r['sweep_ratio_to_1']:.2f} ({r['ratio_p25']:.2f}–{r['ratio_p75']:.2f})",
+                             f"{r['sweeps']}{'' if r['converged'] else ' (not converged)'}",
+                             f"{r['sweeps_ratio_to_1']:.2f}", f"{r['kernel_residual']:.1e}",
+                             f"{r['difference_to_1']:.1e}") for r in proj["rows"]], "rlrrrrr"),
+                  "", f"**Sample-parallel projections** ({proj['samples'][0]['columns']} samples, "
                   f"{proj['samples'][0]['steps']} CG steps each way): one device runs the columns' CGs side by "
                   "side; on D devices each takes its share of the columns, which travel round the devices "
                   "(`ppermute`) while every batch's factors stay where they were built.", "",
-                  "| devices | time | time / one device's |", "|---:|---:|---:|"]
-        for r in proj["samples"]:
-            lines.append(f"| {r['devices']} | {r['median_s']:.2f} s | {r['ratio_to_1']:.2f} |")
-        lines += ["", "A product of projectors depends on the order of its factors, and the average of D shorter "
+                  *H.table(("devices", "time", "time / one device's"), [
+                      (r["devices"], f"{r['median_s']:.2f} s", f"{r['ratio_to_1']:.2f}") for r in proj["samples"]],
+                           "rrr"),
+                  "", "A product of projectors depends on the order of its factors, and the average of D shorter "
                   "products contracts less than the full product: the split sweep needs more CG sweeps to the same "
                   "tolerance (the *sweeps* column) and pays that back only if each sweep is more than that much "
                   "faster, i.e. on D real devices. The sequential sweep gives the single-device result on any mesh "
@@ -292,44 +249,33 @@ def markdown(report) -> str:
                   "measured here (their ratios carry over, not the counts): a symmetric sweep costs about 8 N P "
                   f"flops at {GPU_FLOPS / 1e12:.0f} TFLOP/s plus {LAUNCH * 1e6:.0f} µs per batch step; a split "
                   "sweep divides both by D and adds an all-reduce of P numbers. Not measured: no GPU here.", "",
-                  "| GPUs | time per sweep | time to the projection | speed-up over one GPU |",
-                  "|---:|---:|---:|---:|"]
-        for e in report["projection_gpu_estimate"]:
-            lines.append(f"| {e['devices']}{'' if e['devices'] == 1 else ' (split)'} | {e['sweep_s'] * 1e6:.0f} µs | "
-                         f"{e['projection_s'] * 1e3:.1f} ms | {e['speedup']:.2f} |")
-        lines += ["", "The sequential sweep on a mesh is not in this table: it moves every batch's factors to the "
+                  *H.table(("GPUs", "time per sweep", "time to the projection", "speed-up over one GPU"),
+                           [(f"{e['devices']}{'' if e['devices'] == 1 else ' (split)'}", f"{e['sweep_s'] * 1e6:.0f} µs",
+                             f"{e['projection_s'] * 1e3:.1f} ms", f"{e['speedup']:.2f}")
+                            for e in report["projection_gpu_estimate"]], "rrrr"),
+                  "", "The sequential sweep on a mesh is not in this table: it moves every batch's factors to the "
                   "vector in every sweep (the CPU rows above: 3 to 8 times one device's time per sweep). It keeps "
                   "the factors' memory split over the devices and gives exactly the single-device result; for speed, "
                   "split the sweeps, or project blocks of samples sample-parallel (`Pi @ V` on the mesh, "
                   "`post.sample`: the vectors move, the factors stay)."]
         lines.append("")
-    return "\n".join(lines)
+    return H.render(lines)
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="fast smoke run (a small model, few rounds)")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"),
-                   help="directory for scaling.{json,md}")
-    args = p.parse_args(argv)
-    cfg = config_for(args.quick)
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    log(f"scaling.py: {jax.device_count()} devices")
+    run = H.Run(__file__, __doc__, argv)
+    cfg = {"sizes": (32, 32, 10), "n": 512, "batch": 32, "rounds": 3, "devices": (1, 2, 4, 8),
+           "projection": {"sizes": (8, 32, 4), "n": 48, "batch": 4, "rounds": 3}} if run.quick else {
+        "sizes": (784, 128, 128, 10), "n": 4096, "batch": 128, "rounds": 40, "devices": (1, 2, 4, 8),
+        "projection": {"sizes": (64, 64, 64, 10), "n": 512, "batch": 16, "rounds": 10}}
     if jax.device_count() < 2:
-        log("scaling.py: only one device (XLA_FLAGS was set before this script); nothing to compare")
+        run.log("scaling.py: only one device (XLA_FLAGS was set before this script); nothing to compare")
         return 0
-    result = measure(cfg, log)
-    projection = measure_projection(cfg, log)
-    report = {"quick": args.quick, "config": cfg, "machine": machine_info(), "result": result,
-              "gpu_estimate": gpu_estimate(result["num_params"], cfg["n"]), "projection": projection,
-              "projection_gpu_estimate": projection_gpu_estimate(result["num_params"], cfg["n"],
-                                                                 cfg["projection"]["batch"], projection["rows"])}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "scaling.json").write_text(json.dumps(report, indent=2, default=str))
-    md = markdown(report)
-    (out / "scaling.md").write_text(md)
-    print(md)
+    result = measure(cfg, run.log)
+    projection = measure_projection(cfg, run.log)
+    run.write({"config": cfg, "result": result, "gpu_estimate": gpu_estimate(result["num_params"], cfg["n"]),
+               "projection": projection, "projection_gpu_estimate": projection_gpu_estimate(
+                   result["num_params"], cfg["n"], cfg["projection"]["batch"], projection["rows"])}, markdown)
     return 0
 
 

@@ -1,59 +1,23 @@
 #!/usr/bin/env python
-"""Subnetwork Laplace (`posteriors.subnetwork_laplace`): restricted derivatives vs materialise-then-slice.
+"""Subnetwork Laplace (``posteriors.subnetwork_laplace``): restricted derivatives vs materialise-then-slice.
 
-Model: the 784-128-128-10 tanh MLP of ``eqx.nn.MLP(784, 10, 128, 2, activation=tanh)`` through
-``linops.models.from_equinox`` (118,282 float32 parameters, per-example ``fn(params, x) -> (10,)``),
-at its initial weights; N = 512 random inputs (784,) with integer labels in [0, 10) (no downloads);
-categorical likelihood; prior precision 1, rescaled to λ_S = λ S / P as the library does; examples in
-batches of 32. Subnets of S = 100, 1,000 and 5,000 weights, chosen two ways: ``subnetwork.random``
-(spread over every leaf, the 100,352-weight first layer included) and ``subnetwork.largest_magnitude``
-(at this initialisation all in the last two layers: the first layer's weights are the smallest).
-
-Per (subset, S), in one process, on the same arrays, interleaved (order rotated each round):
-
-  ``library``         ``jax.jit`` of ``pst.subnetwork_laplace(fn, params, (X, y), Categorical(), sub,
-                      1.0, batch_size=32)`` (the whole posterior: the S × S GGN of the model restricted
-                      by ``linops.models.restrict``, its Cholesky factor and the covariance);
-  ``restricted GGN``  hand-written jit: per batch, the K = 10 rows of A_n J_n E_s per example by vmapped
-                      VJPs of the restricted model (``restrict`` inside the jit, as the library calls it),
-                      summed as Rᵀ R (``lax.scan`` over the 16 batches);
-  ``slice GGN``       the reference: the same code on the full model, each example's K rows P wide
-                      (vmapped VJPs, raveled), then the S columns taken (materialise-then-slice);
-  ``factor``          the S × S step alone: Λ = G + λ_S I, its Cholesky factor L and Σ = Λ⁻¹ by
-                      ``cho_solve`` (what ``posteriors`` does for a dense GGN);
-  ``cholesky``        the Cholesky factor of Λ alone.
-
-The library passes ``batch_size=32``: its dense GGN (``GGNOp.as_matrix``) is built in batches of at most
-``batch_size`` examples and at most about 2²⁵ row entries; the memory section compares the programs of
-two batch sizes.
-
-``slice end to end`` = slice GGN + factor of the same round, the reference for ``library``. Reported:
-medians, the median (IQR) per-round ratios ``library / slice end to end``, ``restricted GGN / slice GGN``
-(the derivative path alone, same batches), ``factor / library`` and ``cholesky / library`` (the
-S × S share); XLA's memory analysis of each compiled program (temp + output) beside the S × S arrays'
-size; and the library *as called* (eager, compile included: every call builds new closures and compiles
-again; a second call where the first took under 10 s).
-
-Agreement checks before timing: the three S × S GGNs agree (relative error <= 1e-5) and the
-library's covariance equals the slice path's (relative error <= 1e-3; Λ's condition number is shown
-for S <= 1,000).
+The 784-128-128-10 tanh MLP of ``eqx.nn.MLP`` (118,282 float32 parameters) at its initial weights,
+N = 512 random inputs, categorical likelihood, prior precision 1 rescaled to λS/P, batches of 32; subnets of
+S = 100, 1,000 and 5,000 weights from ``subnetwork.random`` and ``subnetwork.largest_magnitude``. Compiled
+ahead and timed in interleaved rounds: ``library`` (``jax.jit`` of ``pst.subnetwork_laplace``, the whole
+posterior), ``restricted GGN`` (the S × S GGN by VJPs of ``linops.models.restrict``'s model, by hand),
+``slice GGN`` (the same code on the full model: rows P wide, then the S columns, the reference),
+``factor`` (Cholesky + Σ by ``cho_solve``) and ``cholesky``. The three GGNs agree (≤ 1e-5) and the
+covariances (≤ 1e-3) before timing. Also: XLA's memory analysis of each program, the eager call, the
+selected weights per leaf. See ``benchmarks/README.md``.
 
 Run:  python benchmarks/subnetwork.py            # full run (about 7.5 minutes on 2 shared cores)
       python benchmarks/subnetwork.py --quick    # smoke run (a 64-32-32-10 MLP, N = 64, S = 50; ~35 s)
-      python benchmarks/subnetwork.py --out DIR  # write DIR/subnetwork.json and DIR/subnetwork.md
 """
 
 from __future__ import annotations
 
-import argparse
-import gc
-import json
-import os
-import statistics
-import sys
-import time
-from pathlib import Path
-
+import _harness as H
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -63,10 +27,6 @@ from jax import lax
 import posteriors as pst
 from linops.likelihoods import Categorical
 from linops.models import from_equinox, ravel, restrict
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ggn import memory_report, ratio_stats  # noqa: E402
-from overhead import CompileEvents, _ratio, _s, machine_info, rel_err  # noqa: E402
 
 TOL_GGN = 1e-5     # S × S GGN: library / restricted / slice
 TOL_COV = 1e-3     # posterior covariance: library vs slice (float32 inverse of Λ)
@@ -82,9 +42,6 @@ RATIO_PAIRS = {
 }
 COND_MAX_S = 1000          # cond(Λ) by float64 eigenvalues only up to this S
 AS_CALLED_SECOND_S = 10.0  # call the library eagerly a second time only where the first call took less
-
-
-# --- problem -----------------------------------------------------------------------------
 
 
 def make_problem(cfg):
@@ -160,102 +117,47 @@ def cholesky_fn(G, alpha):
     return jnp.linalg.cholesky(G + alpha * jnp.eye(G.shape[0], dtype=G.dtype))
 
 
-def compile_ahead(events, f, *args):
-    """``jax.jit(f).lower(*args).compile()``, timed (trace / lower / XLA compile); (compiled, report)."""
-    holder = {}
-
-    def go():
-        holder["c"] = jax.jit(f).lower(*args).compile()
-
-    _, rep = events.measure(go)
-    return holder["c"], rep
+def compile_ahead(f, *args):
+    """``jax.jit(f).lower(*args).compile()``, timed (trace / lower / XLA compile): (compiled, report)."""
+    return H.first_call(lambda: jax.jit(f).lower(*args).compile())
 
 
-def rounds(calls, *, min_rounds, max_rounds, budget_s):
-    """Interleaved rounds (order rotated each round, gc off, each call blocked); seconds per call.
-
-    As ``ggn.interleaved`` but without its three warm-up rounds (the programs here are compiled
-    ahead and already called once for the checks; at S = 5,000 a round takes many seconds).
-    """
-    names = list(calls)
-    times = {k: [] for k in names}
-    gc.collect()
-    was = gc.isenabled()
-    gc.disable()
-    t0 = time.perf_counter()
-    try:
-        r = 0
-        while r < max_rounds and (r < min_rounds or time.perf_counter() - t0 < budget_s):
-            k = r % len(names)
-            for name in names[k:] + names[:k]:
-                t = time.perf_counter()
-                jax.block_until_ready(calls[name]())
-                times[name].append(time.perf_counter() - t)
-            r += 1
-    finally:
-        if was:
-            gc.enable()
-    return times, r
-
-
-# --- one case ----------------------------------------------------------------------------
-
-
-def run_case(kind, size, prob, cfg, *, events, log, timing, as_called_rounds, check_batch_size):
+def run_case(kind, size, prob, cfg, *, log, timing, as_called_rounds, check_batch_size):
     fn, params, X, y = prob
-    lik = Categorical()
-    b = cfg["batch_size"]
-    flat, _ = ravel(params)
-    P = int(flat.shape[0])
+    lik, b = Categorical(), cfg["batch_size"]
+    P = int(ravel(params)[0].shape[0])
     sub = choose(kind, params, size)
     idx_np = np.asarray(sub.indices)
     idx = jnp.asarray(idx_np)
     alpha = jnp.asarray(PRIOR * size / P, jnp.float32)
     ggn = ggn_rows_program(b, lik)
-
-    def library_f(params, X, y):
-        return pst.subnetwork_laplace(fn, params, (X, y), lik, sub, PRIOR, batch_size=b)
-
-    def restricted_f(params, X, y):
-        fn_S, theta_S = restrict(fn, params, idx_np)
-        return ggn(fn_S, theta_S, X, y)
-
-    def slice_f(params, X, y, idx):
-        return ggn(fn, params, X, y, idx)
+    library_f = lambda params, X, y: pst.subnetwork_laplace(fn, params, (X, y), lik, sub, PRIOR, batch_size=b)
+    restricted_f = lambda params, X, y: ggn(*restrict(fn, params, idx_np), X, y)
+    slice_f = lambda params, X, y, idx: ggn(fn, params, X, y, idx)
 
     # Compile ahead (memory analysis from the same compiled programs), one call each for the checks.
-    programs, compile_rep = {}, {}
-    programs["library"], compile_rep["library"] = compile_ahead(events, library_f, params, X, y)
-    programs["restricted GGN"], compile_rep["restricted GGN"] = compile_ahead(events, restricted_f, params, X, y)
-    programs["slice GGN"], compile_rep["slice GGN"] = compile_ahead(events, slice_f, params, X, y, idx)
     G_shape = jax.ShapeDtypeStruct((size, size), jnp.float32)
-    programs["factor"], compile_rep["factor"] = compile_ahead(events, lambda G, a: factor_fn(G, a), G_shape, alpha)
-    programs["cholesky"], compile_rep["cholesky"] = compile_ahead(events, lambda G, a: cholesky_fn(G, a), G_shape,
-                                                                  alpha)
-    memory = {k: memory_report(c) for k, c in programs.items()}
-
-    calls = {
-        "library": lambda: programs["library"](params, X, y),
-        "restricted GGN": lambda: programs["restricted GGN"](params, X, y),
-        "slice GGN": lambda: programs["slice GGN"](params, X, y, idx),
-    }
+    ahead = {"library": compile_ahead(library_f, params, X, y),
+             "restricted GGN": compile_ahead(restricted_f, params, X, y),
+             "slice GGN": compile_ahead(slice_f, params, X, y, idx),
+             "factor": compile_ahead(lambda G, a: factor_fn(G, a), G_shape, alpha),  # new functions: compiled again
+             "cholesky": compile_ahead(lambda G, a: cholesky_fn(G, a), G_shape, alpha)}
+    programs, compile_rep = {k: c for k, (c, _) in ahead.items()}, {k: r for k, (_, r) in ahead.items()}
+    memory = {k: H.memory(c) for k, c in programs.items()}
+    calls = {"library": lambda: programs["library"](params, X, y),
+             "restricted GGN": lambda: programs["restricted GGN"](params, X, y),
+             "slice GGN": lambda: programs["slice GGN"](params, X, y, idx),
+             "factor": lambda: programs["factor"](G_slice, alpha),
+             "cholesky": lambda: programs["cholesky"](G_slice, alpha)}
     outs, first = {}, {}
-    for k, c in calls.items():
-        t = time.perf_counter()
-        outs[k] = jax.block_until_ready(c())
-        first[k] = time.perf_counter() - t
-    G_slice = outs["slice GGN"]
-    calls["factor"] = lambda: programs["factor"](G_slice, alpha)
-    t = time.perf_counter()
-    L_slice, Sigma_slice = jax.block_until_ready(calls["factor"]())
-    first["factor"] = time.perf_counter() - t
-    calls["cholesky"] = lambda: programs["cholesky"](G_slice, alpha)
-    t = time.perf_counter()
-    L_only = jax.block_until_ready(calls["cholesky"]())
-    first["cholesky"] = time.perf_counter() - t
+    for k, c in calls.items():  # in this order: factor and cholesky take the slice GGN
+        outs[k], first[k] = H.timed(c)
+        G_slice = outs.get("slice GGN")
+    (L_slice, Sigma_slice), L_only = outs["factor"], outs["cholesky"]
 
-    post = outs["library"]
-    G_lib, (L_lib, Sigma_lib) = post.ggn.G, post.factor
+    post = outs["library"]  # it keeps the GGN and the Cholesky factor of Λ; Σ = Λ⁻¹ by its two triangular solves
+    G_lib, L_lib = post.ggn.G, post.factor
+    Sigma_lib = post.ggn.covariance(post.prior_precision, post.noise_scale, post.factor).as_matrix()
     cond = None
     if size <= COND_MAX_S:  # float64 eigenvalues: ~35 s at S = 5,000 on 2 loaded cores, so only up to 1,000
         eig = np.linalg.eigvalsh(np.asarray(G_slice, np.float64) + float(alpha) * np.eye(size))
@@ -263,11 +165,11 @@ def run_case(kind, size, prob, cfg, *, events, log, timing, as_called_rounds, ch
     checks = {
         "library prior λ_S == λ S / P": bool(np.isclose(float(post.prior_precision), float(alpha), rtol=1e-6)),
         "library posterior's subset == subnetwork indices": bool(np.array_equal(np.asarray(post.subset), idx_np)),
-        "GGN: restricted vs slice (rel err)": rel_err(outs["restricted GGN"], G_slice),
-        "GGN: library vs slice (rel err)": rel_err(G_lib, G_slice),
-        "covariance: library vs slice (rel err)": rel_err(Sigma_lib, Sigma_slice),
-        "Cholesky factor: library vs slice (rel err)": rel_err(L_lib, L_slice),
-        "cholesky program vs factor's L (rel err)": rel_err(L_only, L_slice),
+        "GGN: restricted vs slice (rel err)": H.rel_err(outs["restricted GGN"], G_slice),
+        "GGN: library vs slice (rel err)": H.rel_err(G_lib, G_slice),
+        "covariance: library vs slice (rel err)": H.rel_err(Sigma_lib, Sigma_slice),
+        "Cholesky factor: library vs slice (rel err)": H.rel_err(L_lib, L_slice),
+        "cholesky program vs factor's L (rel err)": H.rel_err(L_only, L_slice),
         f"cond(Λ) (float64 eigenvalues; S ≤ {COND_MAX_S:,} only)": cond,
     }
     ok = (checks["GGN: restricted vs slice (rel err)"] <= TOL_GGN and checks["GGN: library vs slice (rel err)"]
@@ -279,12 +181,12 @@ def run_case(kind, size, prob, cfg, *, events, log, timing, as_called_rounds, ch
     if not ok:
         raise SystemExit(f"{kind} S={size}: the paths disagree: {checks}")
 
-    # Steady state, interleaved.
-    times, n_rounds = rounds(calls, **timing)
+    # Steady state, interleaved (no warm-up: compiled ahead and called once; at S = 5,000 a round takes seconds).
+    times, n_rounds = H.rounds(calls, **timing)
     times["slice end to end"] = [a + c for a, c in zip(times["slice GGN"], times["factor"], strict=True)]
     times["restricted end to end"] = [a + c for a, c in zip(times["restricted GGN"], times["factor"], strict=True)]
-    med = {k: statistics.median(v) for k, v in times.items()}
-    ratios = {k: ratio_stats(times, a, b) for k, (a, b) in RATIO_PAIRS.items()}
+    med = H.medians(times)
+    ratios = {k: H.ratio(times, a, b) for k, (a, b) in RATIO_PAIRS.items()}
     # Ratios of the fastest calls: the other processes of a shared machine only ever add time to a call.
     min_ratios = {k: min(times[a]) / min(times[b]) for k, (a, b) in RATIO_PAIRS.items()}
     log(f"  {kind} S={size}: {n_rounds} rounds  " + "  ".join(f"{k}={v * 1e3:.1f}ms" for k, v in med.items())
@@ -296,61 +198,44 @@ def run_case(kind, size, prob, cfg, *, events, log, timing, as_called_rounds, ch
     for r in range(as_called_rounds):
         if r and as_called[-1]["first_call_s"] > AS_CALLED_SECOND_S:
             break
-        _, rep = events.measure(lambda: jax.tree_util.tree_leaves(pst.subnetwork_laplace(
-            fn, params, (X, y), lik, sub, PRIOR, batch_size=b)))
-        as_called.append(rep)
+        as_called.append(H.first_call(lambda: jax.tree_util.tree_leaves(pst.subnetwork_laplace(
+            fn, params, (X, y), lik, sub, PRIOR, batch_size=b)))[1])
 
     # Does subnetwork_laplace's batch_size change the compiled program? (memory of another batch_size)
     batch_size_effect = None
     if check_batch_size:
         other = max(1, b // 4)
-        comp, _ = compile_ahead(events, lambda p, X, y: pst.subnetwork_laplace(
-            fn, p, (X, y), lik, sub, PRIOR, batch_size=other), params, X, y)
+        comp, _ = compile_ahead(lambda p, X, y: pst.subnetwork_laplace(fn, p, (X, y), lik, sub, PRIOR,
+                                                                       batch_size=other), params, X, y)
         batch_size_effect = {"batch_size": b, "other_batch_size": other,
                              "temp_bytes": memory["library"].get("temp_size_in_bytes"),
-                             "other_temp_bytes": memory_report(comp).get("temp_size_in_bytes")}
-
-    item = 4
+                             "other_temp_bytes": H.memory(comp).get("temp_size_in_bytes")}
+    item, rows = 4, b * cfg["mlp"][3]
     return {
-        "kind": kind, "size": size, "strategy": sub.strategy,
-        "leaves": leaf_table(params, idx_np),
-        "prior_precision_rescaled": float(alpha),
-        "checks": checks,
-        "compile": compile_rep,
-        "first_call_s": first,
-        "rounds": n_rounds,
-        "median_s": med,
-        "min_s": {k: min(v) for k, v in times.items()},
-        "times_s": times,
-        "ratios": ratios,
-        "ratios_of_minimums": min_ratios,
-        "memory_analysis": memory,
+        "kind": kind, "size": size, "strategy": sub.strategy, "leaves": leaf_table(params, idx_np),
+        "prior_precision_rescaled": float(alpha), "checks": checks, "compile": compile_rep, "first_call_s": first,
+        "rounds": n_rounds, "median_s": med, "min_s": H.minimums(times), "times_s": times, "ratios": ratios,
+        "ratios_of_minimums": min_ratios, "memory_analysis": memory,
         "bytes": {"S x S matrix": size * size * item,
                   "Subnetwork.memory_bytes (GGN, Cholesky, covariance)": int(sub.memory_bytes),
-                  "slice rows per batch (B·K × P)": b * cfg["mlp"][3] * P * item,
-                  "restricted rows per batch (B·K × S)": b * cfg["mlp"][3] * size * item},
-        "as_called": as_called,
-        "batch_size_effect": batch_size_effect,
+                  "slice rows per batch (B·K × P)": rows * P * item,
+                  "restricted rows per batch (B·K × S)": rows * size * item},
+        "as_called": as_called, "batch_size_effect": batch_size_effect,
     }
 
 
 # --- report ------------------------------------------------------------------------------
 
-
-def _ms(x):
-    return f"{x * 1e3:,.1f}"
-
-
-def _mb(n):
-    return "n/a" if n is None else f"{n / 1e6:,.1f}"
+SHOWN_RATIOS = list(RATIO_PAIRS)[:5]
 
 
 def _mem(rep):
-    return "n/a" if "error" in rep else _mb(rep["temp_plus_output"])
+    return "n/a" if "error" in rep else H.mb(rep["temp_plus_output"])
 
 
 def markdown(report) -> str:
-    info, m, cases = report["machine"], report["model"], report["result"]["cases"]
+    m, cases = report["model"], report["result"]["cases"]
+    row = lambda c, *cells: (c["kind"], f"{c['size']:,}", *cells)
     lines = [
         "# Subnetwork Laplace: restricted derivatives vs materialise-then-slice",
         "",
@@ -364,135 +249,69 @@ def markdown(report) -> str:
         "",
         "Methods, all `jax.jit`-compiled ahead and timed in interleaved rounds (order rotated, gc off, "
         "`block_until_ready`): **library** = `pst.subnetwork_laplace(...)` (the whole posterior: the S × S GGN "
-        "of `linops.models.restrict`'s model, Cholesky, covariance); **restricted GGN** = the S × S GGN by "
+        "of `linops.models.restrict`'s model and the Cholesky factor of Λ); **restricted GGN** = the S × S GGN by "
         "VJPs of the restricted model, written by hand (per example the K rows of A_n J_n E_s, `Rᵀ R` per "
         "batch); **slice GGN** = the same code on the full model, rows P wide, then the S columns "
-        "(materialise-then-slice); **factor** = Λ = G + λ_S I, Cholesky, Σ = Λ⁻¹ by `cho_solve` (as `posteriors` "
-        "factorises a dense GGN); **cholesky** = its Cholesky alone. *slice end to end* = slice GGN + factor of "
-        "the same round (the library's reference); *restricted end to end* = restricted GGN + factor.",
-        "",
-        "## Time",
-        "",
+        "(materialise-then-slice); **factor** = Λ = G + λ_S I, Cholesky, Σ = Λ⁻¹ by `cho_solve` (`posteriors` "
+        "keeps the Cholesky factor and Σ implicit); **cholesky** = its Cholesky alone. *slice end to end* = slice "
+        "GGN + factor of the same round (the library's reference); *restricted end to end* = restricted GGN + factor.",
+        *H.section("Time"),
         "Median ms per call (the minimum over rounds is in the JSON).",
-        "",
-        "| subset | S | rounds | library | slice end to end | restricted GGN | slice GGN | factor | cholesky |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for c in cases:
-        md = c["median_s"]
-        lines.append(
-            f"| {c['kind']} | {c['size']:,} | {c['rounds']} | {_ms(md['library'])} | {_ms(md['slice end to end'])} | "
-            f"{_ms(md['restricted GGN'])} | {_ms(md['slice GGN'])} | {_ms(md['factor'])} | {_ms(md['cholesky'])} |")
-    lines += [
-        "",
+        *H.table(("subset", "S", "rounds", "library", "slice end to end", "restricted GGN", "slice GGN", "factor",
+                  "cholesky"), [row(c, c["rounds"], *(H.ms(c["median_s"][k]) for k in (
+                      "library", "slice end to end", "restricted GGN", "slice GGN", "factor", "cholesky")))
+                                for c in cases], "lr" + "r" * 7),
         "Median (IQR) of the per-round ratios:",
-        "",
-        "| subset | S | **library / slice end to end** | **restricted GGN / slice GGN** | library / restricted end "
-        "to end | factor / library | cholesky / library |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for c in cases:
-        r = c["ratios"]
-        lines.append(
-            f"| {c['kind']} | {c['size']:,} | {_ratio(r['library / slice end to end'])} | "
-            f"{_ratio(r['restricted GGN / slice GGN'])} | {_ratio(r['library / restricted end to end'])} | "
-            f"{_ratio(r['factor / library'])} | {_ratio(r['cholesky / library'])} |")
-    lines += [
-        "",
+        *H.table(("subset", "S", "**library / slice end to end**", "**restricted GGN / slice GGN**",
+                  *SHOWN_RATIOS[2:]), [row(c, *(H.iqr(c["ratios"][k]) for k in SHOWN_RATIOS)) for c in cases],
+                 "lrrrrrr"),
         "The same ratios from each method's fastest call (min / min; the machine's other processes only ever add "
         "time to a call, so these are the less noisy estimate when it is loaded):",
-        "",
-        "| subset | S | library / slice end to end | restricted GGN / slice GGN | library / restricted end to end "
-        "| factor / library | cholesky / library |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for c in cases:
-        r = c["ratios_of_minimums"]
-        lines.append(f"| {c['kind']} | {c['size']:,} | " + " | ".join(f"{r[k]:.3f}" for k in (
-            "library / slice end to end", "restricted GGN / slice GGN", "library / restricted end to end",
-            "factor / library", "cholesky / library")) + " |")
-    lines += [
-        "",
-        "## Memory",
-        "",
+        *H.table(("subset", "S", *SHOWN_RATIOS),
+                 [row(c, *(f"{c['ratios_of_minimums'][k]:.3f}" for k in SHOWN_RATIOS)) for c in cases], "lrrrrrr"),
+        *H.section("Memory"),
         "XLA's memory analysis of each compiled program, temp + output, MB (arguments, the params and X, "
-        f"{_mb(cases[0]['memory_analysis']['slice GGN'].get('argument_size_in_bytes'))} MB, not included). "
+        f"{H.mb(cases[0]['memory_analysis']['slice GGN'].get('argument_size_in_bytes'))} MB, not included). "
         "On CPU this is the program's buffer assignment, not a measured process peak.",
-        "",
-        "| subset | S | library | restricted GGN | slice GGN | factor | one S × S matrix | rows per batch: "
-        "restricted / slice |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        *H.table(("subset", "S", "library", "restricted GGN", "slice GGN", "factor", "one S × S matrix",
+                  "rows per batch: restricted / slice"),
+                 [row(c, *(_mem(c["memory_analysis"][k]) for k in ("library", "restricted GGN", "slice GGN", "factor")),
+                      H.mb(c["bytes"]["S x S matrix"]), f"{H.mb(c['bytes']['restricted rows per batch (B·K × S)'])} / "
+                      f"{H.mb(c['bytes']['slice rows per batch (B·K × P)'])}") for c in cases], "lrrrrrrl"),
     ]
-    for c in cases:
-        mem, by = c["memory_analysis"], c["bytes"]
-        lines.append(
-            f"| {c['kind']} | {c['size']:,} | {_mem(mem['library'])} | {_mem(mem['restricted GGN'])} | "
-            f"{_mem(mem['slice GGN'])} | {_mem(mem['factor'])} | {_mb(by['S x S matrix'])} | "
-            f"{_mb(by['restricted rows per batch (B·K × S)'])} / {_mb(by['slice rows per batch (B·K × P)'])} |")
     eff = [c["batch_size_effect"] for c in cases if c["batch_size_effect"]]
     if eff:
         e = eff[0]
-        same = e["temp_bytes"] == e["other_temp_bytes"]
-        lines += [
-            "",
-            f"`subnetwork_laplace(..., batch_size={e['batch_size']})` and `batch_size={e['other_batch_size']}` "
-            f"compile to programs with {_mb(e['temp_bytes'])} and {_mb(e['other_temp_bytes'])} MB of temp "
-            + ("(the same: `batch_size` does not reach the dense GGN)." if same else
-               "(`GGNOp.as_matrix` builds the GGN in batches of at most `batch_size` examples)."),
-        ]
+        lines += ["", f"`subnetwork_laplace(..., batch_size={e['batch_size']})` and "
+                  f"`batch_size={e['other_batch_size']}` compile to programs with {H.mb(e['temp_bytes'])} and "
+                  f"{H.mb(e['other_temp_bytes'])} MB of temp " + (
+                      "(the same: `batch_size` does not reach the dense GGN)."
+                      if e["temp_bytes"] == e["other_temp_bytes"]
+                      else "(`GGNOp.as_matrix` builds the GGN in batches of at most `batch_size` examples).")]
+    leaves = cases[0]["leaves"]
     lines += [
-        "",
-        "## The library as called",
-        "",
+        *H.section("The library as called"),
         "`pst.subnetwork_laplace(...)` called eagerly, as a user calls it (every call builds new closures, so "
         "every call traces and compiles again), blocked on all of the posterior's arrays.",
-        "",
-        "| subset | S | calls: wall s | of which XLA compile s | compiled library (median) ms |",
-        "|---|---:|---|---|---:|",
+        *H.table(("subset", "S", "calls: wall s", "of which XLA compile s", "compiled library (median) ms"),
+                 [row(c, ", ".join(f"{a['first_call_s']:.2f}" for a in c["as_called"]),
+                      ", ".join(H.s(a["xla_compile_s"]) for a in c["as_called"]), H.ms(c["median_s"]["library"]))
+                  for c in cases], "lrllr"),
+        *H.section("Subsets: selected weights per leaf"),
+        *H.table(("subset", "S", *(f"`{r['leaf']}` ({r['size']:,})" for r in leaves)),
+                 [row(c, *(f"{r['selected']:,}" for r in c["leaves"])) for c in cases]),
+        *H.section("Compile (ahead of time: trace + lower + XLA compile, s)"),
+        *H.table(("subset", "S", "library", "restricted GGN", "slice GGN", "factor", "cholesky"),
+                 [row(c, *(f"{r['first_call_s']:.2f}" for r in c["compile"].values())) for c in cases]),
+        *H.section(f"Checks (before timing; GGN tolerance {TOL_GGN:g}, covariance {TOL_COV:g}, relative "
+                   "Frobenius error)"),
+        *H.table(("subset", "S", *cases[0]["checks"]),
+                 [row(c, *(f"{v:.1e}" if isinstance(v, float) else "not computed" if v is None else str(v)
+                           for v in c["checks"].values())) for c in cases], "lr" + "l" * len(cases[0]["checks"])),
+        *H.section("Reading"),
+        *reading(report),
     ]
-    for c in cases:
-        ac = c["as_called"]
-        walls = ", ".join(f"{a['first_call_s']:.2f}" for a in ac)
-        comps = ", ".join(_s(a["xla_compile_s"]) for a in ac)
-        lines.append(f"| {c['kind']} | {c['size']:,} | {walls} | {comps} | {_ms(c['median_s']['library'])} |")
-    lines += [
-        "",
-        "## Subsets: selected weights per leaf",
-        "",
-        "| subset | S | " + " | ".join(f"`{row['leaf']}` ({row['size']:,})" for row in cases[0]["leaves"]) + " |",
-        "|---|---:|" + "---:|" * len(cases[0]["leaves"]),
-    ]
-    for c in cases:
-        lines.append(f"| {c['kind']} | {c['size']:,} | " + " | ".join(f"{row['selected']:,}" for row in c["leaves"])
-                     + " |")
-    lines += [
-        "",
-        "## Compile (ahead of time: trace + lower + XLA compile, s)",
-        "",
-        "| subset | S | library | restricted GGN | slice GGN | factor | cholesky |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for c in cases:
-        lines.append(f"| {c['kind']} | {c['size']:,} | " + " | ".join(
-            f"{c['compile'][k]['first_call_s']:.2f}" for k in ("library", "restricted GGN", "slice GGN", "factor",
-                                                               "cholesky"))
-            + " |")
-    lines += [
-        "",
-        f"## Checks (before timing; GGN tolerance {TOL_GGN:g}, covariance {TOL_COV:g}, relative Frobenius error)",
-        "",
-        "| subset | S | " + " | ".join(k for k in cases[0]["checks"]) + " |",
-        "|---|---:|" + "---|" * len(cases[0]["checks"]),
-    ]
-    for c in cases:
-        lines.append(f"| {c['kind']} | {c['size']:,} | " + " | ".join(
-            f"{v:.1e}" if isinstance(v, float) else "not computed" if v is None else str(v)
-            for v in c["checks"].values()) + " |")
-    lines += ["", "## Reading", ""] + reading(report) + ["", "## Machine", "", "| key | value |", "|---|---|"]
-    for key, val in info.items():
-        lines.append(f"| {key} | {val} |")
-    lines.append("")
-    return "\n".join(lines)
+    return H.render(lines + H.machine(report))
 
 
 def reading(report):
@@ -534,17 +353,18 @@ def reading(report):
         f"GGN takes {both(s0, 'restricted GGN / slice GGN')}× the slice path's time, and the library end to end "
         f"{both(s0, 'library / slice end to end')}× the slice path's (at S = {s1:,}: "
         f"{both(s1, 'restricted GGN / slice GGN', '.2f')}× and {both(s1, 'library / slice end to end', '.2f')}×). "
-        f"Up to S = {s1:,} the slice GGN takes {_ms(min(slice_small))}-{_ms(max(slice_small))} ms whatever the "
-        f"subset: it is the cost of writing B·K rows P wide per batch ({_mb(rows['slice rows per batch (B·K × P)'])} "
-        f"MB, against {_mb(rows['restricted rows per batch (B·K × S)'])} MB restricted), and its temp memory "
-        f"({_mb(mem(rnd, s0, 'slice GGN'))} MB) does not depend on S.",
+        f"Up to S = {s1:,} the slice GGN takes {H.ms(min(slice_small))}-{H.ms(max(slice_small))} ms whatever the "
+        f"subset: it is the cost of writing B·K rows P wide per batch ({H.mb(rows['slice rows per batch (B·K × P)'])} "
+        f"MB, against {H.mb(rows['restricted rows per batch (B·K × S)'])} MB restricted), and its temp memory "
+        f"({H.mb(mem(rnd, s0, 'slice GGN'))} MB) does not depend on S.",
         f"- **Where the subset lies matters to the restricted path only.** A random subset holds first-layer "
         f"weights, so its restricted reverse pass runs back to the input layer; XLA still computes only the "
         f"selected entries of that layer's gradient `x ⊗ δ` (the restricted program's temp + output is "
-        f"{_mb(mem(rnd, s0, 'restricted GGN'))} MB at S = {s0:,}: the {first_leaf:,}-entry block is never formed). The "
+        f"{H.mb(mem(rnd, s0, 'restricted GGN'))} MB at S = {s0:,}: the {first_leaf:,}-entry block is never formed). "
+        "The "
         f"largest-magnitude subset has no first-layer weight here and stops a layer earlier: restricted GGN "
-        f"{_ms(med(rnd, s0, 'restricted GGN'))} vs {_ms(med(mag, s0, 'restricted GGN'))} ms at S = {s0:,}, "
-        f"{_ms(med(rnd, s1, 'restricted GGN'))} vs {_ms(med(mag, s1, 'restricted GGN'))} ms at S = {s1:,}. "
+        f"{H.ms(med(rnd, s0, 'restricted GGN'))} vs {H.ms(med(mag, s0, 'restricted GGN'))} ms at S = {s0:,}, "
+        f"{H.ms(med(rnd, s1, 'restricted GGN'))} vs {H.ms(med(mag, s1, 'restricted GGN'))} ms at S = {s1:,}. "
         "Both are far below the slice path, which pays for every leaf whichever are selected.",
         f"- **At S = {s2:,} the S × S algebra dominates and the two paths converge.** Rᵀ R is 2·N·K·S² flops "
         f"on either path, and the factorisation (Cholesky, S³/3 flops, then Σ by `cho_solve` on the identity, "
@@ -554,25 +374,22 @@ def reading(report):
         "load than the per-round ratios). Library / slice end to end = "
         f"{both(s2, 'library / slice end to end', '.2f')}, restricted / slice GGN = "
         f"{both(s2, 'restricted GGN / slice GGN', '.2f')}.",
-        f"- **Memory.** Restricted GGN {_mb(mem(rnd, s0, 'restricted GGN'))} / {_mb(mem(rnd, s1, 'restricted GGN'))}"
-        f" / {_mb(mem(rnd, s2, 'restricted GGN'))} MB (temp + output, random subset, S = {s0:,} / {s1:,} / "
-        f"{s2:,}); slice GGN {_mb(mem(rnd, s0, 'slice GGN'))} / {_mb(mem(rnd, s1, 'slice GGN'))} / "
-        f"{_mb(mem(rnd, s2, 'slice GGN'))} MB. The library's whole program needs {_mb(mem(rnd, s0, 'library'))} / "
-        f"{_mb(mem(rnd, s1, 'library'))} / {_mb(mem(rnd, s2, 'library'))} MB: it returns three S × S matrices "
-        f"(GGN, Cholesky, covariance: {_mb(squares)} MB at S = {s2:,}) and builds the GGN in batches of at "
-        f"most `batch_size` examples and about 2²⁵ row entries (min(batch_size, 2²⁵ / (K S)); {chunk} examples "
-        f"without a batch size at S = {s2:,}). At large S the S × S arrays, not the Jacobian rows, set the memory "
-        "of either path.",
+        f"- **Memory.** Restricted GGN {H.mb(mem(rnd, s0, 'restricted GGN'))} / {H.mb(mem(rnd, s1, 'restricted GGN'))}"
+        f" / {H.mb(mem(rnd, s2, 'restricted GGN'))} MB (temp + output, random subset, S = {s0:,} / {s1:,} / "
+        f"{s2:,}); slice GGN {H.mb(mem(rnd, s0, 'slice GGN'))} / {H.mb(mem(rnd, s1, 'slice GGN'))} / "
+        f"{H.mb(mem(rnd, s2, 'slice GGN'))} MB. The library's whole program needs {H.mb(mem(rnd, s0, 'library'))} / "
+        f"{H.mb(mem(rnd, s1, 'library'))} / {H.mb(mem(rnd, s2, 'library'))} MB: it keeps two S × S matrices (the "
+        f"GGN and the Cholesky factor; three at its peak, with Λ: {H.mb(squares)} MB at S = {s2:,}) and builds the "
+        f"GGN in batches of at most `batch_size` examples and about 2²⁵ row entries (min(batch_size, 2²⁵ / (K S)); "
+        f"{chunk} examples without a batch size at S = {s2:,}). At large S the S × S arrays, not the Jacobian rows, "
+        "set the memory of either path.",
         f"- **As called**, eagerly, `subnetwork_laplace` traces and compiles again on every call (new closures): "
         f"{min(first_calls):.1f}-{max(first_calls):.1f} s per call here, most of it compilation at small S, "
-        f"where the compiled program takes {_ms(min(lib_ms))}-{_ms(max(lib_ms))} ms.",
+        f"where the compiled program takes {H.ms(min(lib_ms))}-{H.ms(max(lib_ms))} ms.",
         "",
         "The machine was shared (load averages in the *Machine* table): medians of single methods move between "
         "runs; compare the ratios (per-round, or of the fastest calls), not single medians.",
     ]
-
-
-# --- main --------------------------------------------------------------------------------
 
 
 def config_for(quick: bool):
@@ -584,57 +401,26 @@ def config_for(quick: bool):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="fast smoke run (a small model, few rounds)")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"),
-                   help="output directory (default: benchmarks/results)")
-    args = p.parse_args(argv)
-    cfg = config_for(args.quick)
-
-    events = CompileEvents()
-    t_start = time.perf_counter()
-    log = lambda s: print(f"[{time.perf_counter() - t_start:6.1f}s] {s}", flush=True)  # noqa: E731
-    log(f"jax {jax.__version__} on {jax.default_backend()}, {os.cpu_count()} CPUs")
-    load_start = os.getloadavg()
+    run = H.Run(__file__, __doc__, argv)
+    cfg = config_for(run.quick)
     prob = make_problem(cfg)
     P = int(ravel(prob[1])[0].shape[0])
     d, width, depth, out = cfg["mlp"]
     desc = f"{d}-" + "-".join([str(width)] * depth) + f"-{out} tanh MLP (`eqx.nn.MLP`)"
-    log(f"model {desc}, P={P:,}, N={cfg['n']}, batch {cfg['batch_size']}, S in {cfg['sizes']}")
-
-    cases = []
-    for kind in KINDS:
-        for i, size in enumerate(cfg["sizes"]):
-            cases.append(run_case(kind, size, prob, cfg, events=events, log=log, timing=cfg["timing"],
-                                  as_called_rounds=cfg["as_called_rounds"],
-                                  check_batch_size=(kind == "random" and i == len(cfg["sizes"]) // 2)))
-    total = time.perf_counter() - t_start
-    info = machine_info()
-    info["loadavg_start"] = " ".join(f"{x:.2f}" for x in load_start)
-    info["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-    report = {
-        "benchmark": "subnetwork",
-        "command": " ".join(["python", "benchmarks/subnetwork.py"] + (sys.argv[1:] if argv is None else list(argv))),
-        "quick": args.quick,
-        "total_s": total,
-        "config": cfg,
-        "tolerances": {"ggn_rel_err": TOL_GGN, "covariance_rel_err": TOL_COV},
+    run.log(f"model {desc}, P={P:,}, N={cfg['n']}, batch {cfg['batch_size']}, S in {cfg['sizes']}")
+    cases = [run_case(kind, size, prob, cfg, log=run.log, timing=cfg["timing"],
+                      as_called_rounds=cfg["as_called_rounds"],
+                      check_batch_size=(kind == "random" and i == len(cfg["sizes"]) // 2))
+             for kind in KINDS for i, size in enumerate(cfg["sizes"])]
+    run.write({
+        "config": cfg, "tolerances": {"ggn_rel_err": TOL_GGN, "covariance_rel_err": TOL_COV},
         "model": {"description": desc, "num_params": P, "num_examples": cfg["n"], "num_outputs": out,
                   "batch_size": cfg["batch_size"], "likelihood": "Categorical", "prior_precision": PRIOR,
                   "rescale_prior": True, "dtype": "float32"},
         "summary": {f"{c['kind']} S={c['size']}": {
             "median per-round ratios": {k: v["median"] for k, v in c["ratios"].items()},
             "ratios of minimums": c["ratios_of_minimums"]} for c in cases},
-        "machine": info,
-        "result": {"cases": cases},
-    }
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "subnetwork.json").write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
-    (out_dir / "subnetwork.md").write_text(markdown(report), encoding="utf-8")
-    log(f"total {total:.1f}s; wrote {out_dir / 'subnetwork.json'} and {out_dir / 'subnetwork.md'}")
-    return report
+        "result": {"cases": cases}}, markdown)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ from linops import (
     likelihoods,
     memory,
     models,
+    nn,
     tags,
 )
-from linops._alternating import AlternatingProjectionOp, Projection
 from linops._base import LinearOperator, new_key
 from linops._composite import Inverse, Product, Scaled, Sum, Transpose
 from linops._eigen import EigenDecomposed
@@ -41,18 +41,25 @@ from linops._functions import (
     sqrt,
     trace,
 )
-from linops._kfac import KFAC, kfac
 from linops._lanczos import Lanczos, LanczosLowRankOp, lanczos
 from linops._leaves import Dense, Diagonal, FunctionOp, Identity, Zero
 from linops._lineax import LineaxOp, from_lineax, to_lineax
 from linops._lower import Lowered, count_matmuls, explain, lower
-from linops._nn import GGNOp, JacobianOp, LossJacobianOp
 from linops._projector import Complement, ProjectorOp
 from linops._rules import RULES, NoReduction, Rule, simplify
 from linops._sharding import sharded_mm
-from linops._streaming import StreamingGGNOp
 from linops._structured import BlockDiagonal, Kronecker, LowRank, Selection
 from linops.kernels import KernelGramOp
+from linops.nn import (  # the network operators, re-exported: lo.GGNOp is linops.nn.GGNOp
+    KFAC,
+    AlternatingProjectionOp,
+    GGNOp,
+    JacobianOp,
+    LossJacobianOp,
+    Projection,
+    StreamingGGNOp,
+    kfac,
+)
 
 __version__ = "0.1.0"
 
@@ -63,7 +70,7 @@ __all__ = [
     "explain", "from_lineax", "FunctionOp", "GGNOp", "hutchinson", "Identity", "inv", "Inverse",
     "JacobianOp", "kernels", "KernelGramOp", "KFAC", "kfac", "Kronecker", "Lanczos", "lanczos", "LanczosLowRankOp",
     "likelihoods", "LinearOperator", "LineaxOp", "logdet",
-    "LossJacobianOp", "lower", "Lowered", "LowRank", "memory", "models", "new_key", "NoReduction", "pinv",
+    "LossJacobianOp", "lower", "Lowered", "LowRank", "memory", "models", "nn", "new_key", "NoReduction", "pinv",
     "Product", "Projection", "ProjectorOp", "Rule", "RULES", "Scaled", "Selection", "sharded_mm", "shift", "simplify",
     "Solution", "solve", "sqrt", "StreamingGGNOp", "Sum", "tags", "to_lineax", "trace", "Transpose", "Zero",
 ]

@@ -9,6 +9,8 @@ $\Lambda^{-1}$ as an operator, $\log\det\Lambda$ and samples of $\mathcal N(0, \
 
 from __future__ import annotations
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -26,7 +28,9 @@ class Structure(eqx.Module):
 
     Everything else follows from the algebra: the covariance is `linops.inv` of the precision,
     samples are `linops.root` of the covariance applied to standard normals, the evidence's
-    log-determinant is `linops.logdet` of the precision.
+    log-determinant is `linops.logdet` of the precision. A structure (and a posterior) keeps
+    arrays, not operators: operators are built where they are used, so two posteriors of one
+    shape share their compiled programs (an operator's leaf keys are static pytree data).
     """
 
     def factorize(self, alpha, scale):
@@ -67,13 +71,14 @@ class Full(Structure):
         return self.G / scale + jnp.diag(_full_alpha(alpha, self.G.shape[0]).astype(self.G.dtype))
 
     def factorize(self, alpha, scale):
-        return lo.factorize(self.precision(alpha, scale))  # a `linops.Cholesky`: L, kept; nothing P x P more
+        """The Cholesky factor $L$ of the precision (`linops.factorize`), kept as an array; nothing more P x P."""
+        return lo.factorize(self.precision(alpha, scale)).factor.matrix
 
     def precision(self, alpha, scale):
         return lo.Dense(self._Lambda(alpha, scale), tags={"psd"})
 
     def covariance(self, alpha, scale, factor):
-        return lo.inv(factor)  # two triangular solves per product
+        return lo.inv(lo.Cholesky(factor))  # two triangular solves per product
 
     def logdet(self, alpha, scale):
         return lo.logdet(lo.factorize(self.precision(alpha, scale)))
@@ -126,12 +131,20 @@ class LowRank(Structure):
 
 
 class KFAC(Structure):
-    """Per leaf an eigen-decomposed curvature block (`linops.EigenDecomposed`): Kronecker eigenvectors for a
-    weight, dense ones for a bias block, the identity for the exact diagonal of a leaf outside any dense layer.
-    One prior precision per leaf shifts each block's eigenvalues."""
+    """Per leaf an eigen-decomposed curvature block $Q \\operatorname{diag}(w) Q^\\top$ (`linops.EigenDecomposed`),
+    $Q$ the Kronecker product of the eigenvectors in ``eigenvectors`` (two factors for a weight, one for a bias
+    block, none (the identity) for the exact diagonal of a leaf outside any dense layer). One prior precision per
+    leaf shifts each block's eigenvalues."""
 
-    blocks: tuple  # per leaf: lo.EigenDecomposed with eigenvalues >= 0
+    eigenvectors: tuple  # per leaf: a tuple of orthogonal matrices, Q their Kronecker product
+    eigenvalues: tuple  # per leaf: w >= 0
     sizes: tuple = eqx.field(static=True)
+
+    def block(self, i, w) -> lo.EigenDecomposed:
+        """Leaf ``i``'s block with eigenvalues ``w``."""
+        Qs = [lo.Dense(Q, tags={"orthogonal"}) for Q in self.eigenvectors[i]]
+        Q = functools.reduce(lo.Kronecker, Qs) if Qs else lo.Identity(self.sizes[i], w.dtype)
+        return lo.EigenDecomposed(Q, w, nonnegative=True)
 
     def _leaf_alpha(self, alpha):
         if jnp.ndim(alpha) == 0:
@@ -140,8 +153,9 @@ class KFAC(Structure):
         return [alpha[s] for s in starts]  # constant per leaf (checked on construction)
 
     def precision(self, alpha, scale):
-        return lo.BlockDiagonal([lo.shift(lo.EigenDecomposed(B.Q, B.w / scale, nonnegative=True), a, nonnegative=True)
-                                 for B, a in zip(self.blocks, self._leaf_alpha(alpha), strict=True)])
+        alphas = self._leaf_alpha(alpha)
+        return lo.BlockDiagonal([lo.shift(self.block(i, w / scale), alphas[i], nonnegative=True)
+                                 for i, w in enumerate(self.eigenvalues)])
 
 
 __all__ = ["Diag", "Full", "KFAC", "LowRank", "Structure"]

@@ -10,6 +10,7 @@ refactorisation (`LaplacePosterior.with_prior`), which is what evidence maximisa
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import equinox as eqx
@@ -247,17 +248,24 @@ def _fit(structure, fn, params, X, Y, likelihood, batch_size, rank, num_steps, k
                          f"{[names[i] for i in K.other_leaves]}; pass kfac_fallback='diag' to give them the exact "
                          "GGN diagonal")
     diag = lo.diag(G) if K.other_leaves else None
-    blocks = [None] * len(leaves)
+    # per leaf, the eigendecompositions of its Kronecker factors (round-off leaves tiny negative eigenvalues of
+    # a PSD factor: clipped); Q is their Kronecker product, w the Kronecker product of their eigenvalues
+    factors = [None] * len(leaves)
     for (first, second), w, b, B in zip(K.factors, K.weight_leaves, K.bias_leaves, K.bias_blocks, strict=True):
-        blocks[w] = lo.eigendecompose(lo.Kronecker(lo.Dense(first, tags={"psd"}), lo.Dense(second, tags={"psd"})))
+        factors[w] = (first, second)
         if b is not None:
-            blocks[b] = lo.eigendecompose(lo.Dense(B, tags={"psd"}))
+            factors[b] = (B,)
+    eigenvectors, eigenvalues = [], []
     starts = np.concatenate([[0], np.cumsum(K.leaf_sizes)])
-    for i in K.other_leaves:  # the exact GGN diagonal: eigenvectors the identity
-        blocks[i] = lo.eigendecompose(lo.Diagonal(diag[starts[i]:starts[i + 1]]))
-    # round-off leaves tiny negative eigenvalues of a PSD curvature: clip them
-    blocks = [lo.EigenDecomposed(B.Q, jnp.clip(B.w, 0.0), nonnegative=True) for B in blocks]
-    return S.KFAC(tuple(blocks), K.leaf_sizes)
+    for i, fs in enumerate(factors):
+        if fs is None:  # outside any dense layer: the exact GGN diagonal, eigenvectors the identity
+            eigenvectors.append(())
+            eigenvalues.append(jnp.clip(diag[starts[i]:starts[i + 1]], 0.0))
+            continue
+        Es = [lo.eigendecompose(lo.Dense(F, tags={"psd"})) for F in fs]
+        eigenvectors.append(tuple(E.Q.matrix for E in Es))
+        eigenvalues.append(functools.reduce(jnp.kron, [jnp.clip(E.w, 0.0) for E in Es]))
+    return S.KFAC(tuple(eigenvectors), tuple(eigenvalues), K.leaf_sizes)
 
 
 def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: str = "full", prior_precision=1.0,

@@ -16,6 +16,7 @@ import posteriors
 import posteriors.cli
 import posteriors.data
 
+
 def _all_modules():
     """Every module of both packages (a new module's examples run without being listed here); the
     experiments and the command-line entry point are run by their own tests."""

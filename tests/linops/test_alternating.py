@@ -212,7 +212,7 @@ def test_store_linearization_is_checked_and_refused_when_it_cannot_fit(monkeypat
     params, X, _, _, _ = _setup(15, 8)
     with pytest.raises(ValueError, match="store_linearization must be None, True or False, got 'yes'"):
         lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3, store_linearization="yes")
-    import linops._rowblocks as rowblocks
+    import linops.nn._rowblocks as rowblocks
 
     real = rowblocks.check_fits
     # Enough memory for the factors (3 batches x 9^2 and the rows) but not for the linearisations.

@@ -68,9 +68,9 @@ def test_all_parameters_reproduce_full_laplace_and_a_subset_the_dense_restrictio
     plain = pst.subnetwork_laplace(fn, params, (X, y), Categorical(), sub, prior_precision=2.0, rescale_prior=False)
     assert_close(plain.prior_precision, 2.0)
     # the memory estimate is the peak (GGN, precision, Cholesky factor); the posterior keeps two of the three
-    kept = post.ggn.G.nbytes + post.factor.factor.matrix.nbytes
+    kept = post.ggn.G.nbytes + post.factor.nbytes
     assert sub.memory_bytes == kept * 3 // 2
-    assert post.factor.factor.matrix.shape == post.ggn.G.shape == (len(idx), len(idx))
+    assert post.factor.shape == post.ggn.G.shape == (len(idx), len(idx))
     samples = post.sample(jax.random.key(0), 4)
     others = np.setdiff1d(np.arange(P), idx)
     assert bool(jnp.all(samples[:, others] == ravel(params)[0][None, others]))

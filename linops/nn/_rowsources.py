@@ -4,7 +4,7 @@ A `RowSource` says how to apply each row block $M_b$ (a batch of examples) in th
 pytree layout: ``forward`` ($M_b t$), ``backward`` ($M_b^\top u$) and ``rows`` (the ``R`` rows of
 $M_b$, each from its own example). The examples are grouped into batches of ``batch_size``; the
 short last batch repeats its own examples, so it has the same row space and nothing is dropped.
-`linops._rowblocks.RowBlocks.build` turns a source into factors.
+`linops.nn._rowblocks.RowBlocks.build` turns a source into factors.
 
 Example:
     >>> import jax.numpy as jnp
@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from linops._nn import _check_model
-from linops.models import ravel
+from linops.nn._operators import _check_model
+from linops.nn.models import ravel
 
 _WHO = "AlternatingProjectionOp"
 
@@ -89,7 +89,7 @@ def jacobian_rows(fn, params, inputs, batch_size: int) -> RowSource:
 
 def loss_jacobian_rows(fn, params, inputs, targets, likelihood, batch_size: int) -> RowSource:
     r"""The rows $g_n^\top J_n$ of the loss Jacobian: one per example, whatever ``O``."""
-    from linops._nn import LossJacobianOp
+    from linops.nn._operators import LossJacobianOp
 
     JL = LossJacobianOp(fn, params, inputs, targets, likelihood)  # validates everything
     n = JL.num_examples

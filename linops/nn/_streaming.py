@@ -11,9 +11,9 @@ import numpy as np
 
 from linops import _tags
 from linops._base import LinearOperator, new_key
-from linops._nn import _check_model, ggn_batch_product
-from linops.likelihoods import Likelihood
-from linops.models import ravel
+from linops.nn._operators import _check_model, ggn_batch_product
+from linops.nn.likelihoods import Likelihood
+from linops.nn.models import ravel
 
 
 class _Opaque:

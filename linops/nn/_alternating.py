@@ -25,11 +25,12 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from linops import _sweeps, _tags
+from linops import _tags
 from linops._base import LinearOperator, describe, new_key
 from linops._cg import cg
-from linops._rowblocks import RowBlocks
-from linops._rowsources import jacobian_rows, loss_jacobian_rows, matrix_rows
+from linops.nn import _sweeps
+from linops.nn._rowblocks import RowBlocks
+from linops.nn._rowsources import jacobian_rows, loss_jacobian_rows, matrix_rows
 
 
 class Projection(eqx.Module):

@@ -14,7 +14,7 @@ factors fit, and decides whether the linearisations do.
 
 Example:
     >>> import jax.numpy as jnp
-    >>> from linops._rowsources import matrix_rows
+    >>> from linops.nn._rowsources import matrix_rows
     >>> blocks = RowBlocks.build(matrix_rows(jnp.array([[1.0, 0.0], [0.0, 2.0]]), batch_size=1))
     >>> blocks.num_batches, blocks.W.shape
     (2, (2, 1, 1))
@@ -34,8 +34,8 @@ from jax import lax
 
 from linops._batching import check_mesh, leaf_specs
 from linops._projector import gram_factor
-from linops._rowsources import RowSource
 from linops.memory import MemoryBudgetError, check_fits
+from linops.nn._rowsources import RowSource
 
 _WHO = "AlternatingProjectionOp"
 
@@ -43,7 +43,7 @@ _WHO = "AlternatingProjectionOp"
 class RowBlocks(eqx.Module):
     r"""The row blocks $M_b$ of $M$ with their Gram factors $W_b$ and stored linearisations.
 
-    Build it with `RowBlocks.build` from a `linops._rowsources.RowSource`. Arrays with a leading
+    Build it with `RowBlocks.build` from a `linops.nn._rowsources.RowSource`. Arrays with a leading
     batch axis: ``data`` (each batch's data), ``W`` (``(B, R, R)``) and ``stored`` (the stored
     linearisations, a tuple of arrays; empty when the forward pass is recomputed). On a ``mesh``
     they are split along ``axis``.

@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from linops._batching import check_mesh, num_examples, sharded_sum
-from linops._nn import _check_batch_size, _check_model
-from linops.likelihoods import Likelihood
+from linops.nn._operators import _check_batch_size, _check_model
+from linops.nn.likelihoods import Likelihood
 
 
 class _Layer(eqx.Module):

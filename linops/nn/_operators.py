@@ -19,8 +19,8 @@ from linops import _tags
 from linops._base import LinearOperator, new_key
 from linops._batching import check_mesh as _check_mesh
 from linops._batching import num_examples, sharded_map, sharded_sum
-from linops.likelihoods import Likelihood
-from linops.models import ravel
+from linops.nn.likelihoods import Likelihood
+from linops.nn.models import ravel
 
 
 def _flat(tree):

@@ -1,4 +1,4 @@
-r"""Sweeps over the row blocks of a `linops._rowblocks.RowBlocks`: products of the projectors $Q_b$.
+r"""Sweeps over the row blocks of a `linops.nn._rowblocks.RowBlocks`: products of the projectors $Q_b$.
 
 - `sequential`: $Q_B \cdots Q_1 v$, or the symmetric $Q_1 \cdots Q_{B-1} Q_B Q_{B-1} \cdots Q_1 v$,
   as ONE `lax.scan` over the stacked batches (on a mesh, XLA moves each batch's factors to the
@@ -14,8 +14,8 @@ Sweeps run in the parameters' own pytree layout; vectors are flattened only at t
 
 Example:
     >>> import jax.numpy as jnp
-    >>> from linops._rowblocks import RowBlocks
-    >>> from linops._rowsources import matrix_rows
+    >>> from linops.nn._rowblocks import RowBlocks
+    >>> from linops.nn._rowsources import matrix_rows
     >>> blocks = RowBlocks.build(matrix_rows(jnp.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]), batch_size=1))
     >>> sequential(blocks, jnp.ones(3))
     Array([0., 0., 1.], dtype=float32)

@@ -1,0 +1,156 @@
+"""The model contract and adapters.
+
+A model is a per-example function ``fn(params, x) -> (O,)`` and a params pytree. The
+neural-network operators ravel params at the boundary (`ravel`); these adapters produce
+``(fn, params)`` from the libraries people train with.
+
+Example:
+    >>> import jax, equinox as eqx
+    >>> from linops.models import from_equinox, ravel
+    >>> fn, params = from_equinox(eqx.nn.MLP(3, 2, 8, 1, key=jax.random.key(0)))
+    >>> flat, unravel = ravel(params)
+    >>> fn(params, jax.numpy.ones(3)).shape, flat.shape
+    ((2,), (50,))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+from jax.flatten_util import ravel_pytree
+
+
+def ravel(params):
+    """``(flat, unravel)``: the params pytree as one vector, and the way back.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from linops.models import ravel
+        >>> flat, unravel = ravel({"w": jnp.ones((2, 2)), "b": jnp.zeros(2)})
+        >>> flat.shape, unravel(flat)["w"].shape
+        ((6,), (2, 2))
+    """
+    return ravel_pytree(params)
+
+
+def from_equinox(module) -> tuple[Callable, object]:
+    """``(fn, params)`` for an Equinox module called on one example: ``module(x)``.
+
+    The trainable arrays (inexact arrays) are the params; everything else is closed over.
+
+    Example:
+        >>> import jax, equinox as eqx
+        >>> from linops.models import from_equinox
+        >>> fn, params = from_equinox(eqx.nn.Linear(2, 3, key=jax.random.key(0)))
+        >>> fn(params, jax.numpy.ones(2)).shape
+        (3,)
+    """
+    params, static = eqx.partition(module, eqx.is_inexact_array)
+
+    def fn(p, x):
+        return eqx.combine(p, static)(x)
+
+    return fn, params
+
+
+def from_flax_nnx(module) -> tuple[Callable, object]:
+    """``(fn, params)`` for a Flax NNX module called on one example (needs ``flax``).
+
+    Example:
+        >>> from linops.models import from_flax_nnx   # doctest: +SKIP
+        >>> fn, params = from_flax_nnx(nnx.Linear(2, 3, rngs=nnx.Rngs(0)))  # doctest: +SKIP
+    """
+    try:
+        from flax import nnx
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("from_flax_nnx needs flax (pip install flax)") from e
+    graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+
+    def fn(p, x):
+        return nnx.merge(graphdef, p, rest)(x)
+
+    return fn, params
+
+
+def per_example(batched_fn: Callable) -> Callable:
+    """Turn ``batched_fn(params, X) -> (N, O)`` into the per-example ``fn(params, x) -> (O,)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from linops.models import per_example
+        >>> fn = per_example(lambda p, X: X @ p)
+        >>> fn(jnp.ones((3, 2)), jnp.arange(3.0))
+        Array([3., 3.], dtype=float32)
+    """
+
+    def fn(params, x):
+        return batched_fn(params, jax.tree_util.tree_map(lambda a: a[None], x))[0]
+
+    return fn
+
+
+def check_indices(indices, num_params: int, who: str):
+    """``indices`` as a sorted int array, or a `ValueError` naming ``who`` (range, repeats, shape).
+
+    Example:
+        >>> from linops.models import check_indices
+        >>> check_indices([4, 0, 2], num_params=5, who="my_subnet")
+        array([0, 2, 4])
+        >>> check_indices([0, 5], num_params=5, who="my_subnet")
+        Traceback (most recent call last):
+        ...
+        ValueError: my_subnet: indices must lie in [0, 5) for 5 parameters, got range [0, 5]
+    """
+    import numpy as np
+
+    idx = np.asarray(indices)
+    if idx.ndim != 1 or idx.size == 0 or not np.issubdtype(idx.dtype, np.integer):
+        raise ValueError(f"{who}: indices must be a non-empty 1-D integer array, got {idx.dtype}{idx.shape}")
+    if idx.min() < 0 or idx.max() >= num_params:
+        raise ValueError(f"{who}: indices must lie in [0, {num_params}) for {num_params} parameters, got range "
+                         f"[{idx.min()}, {idx.max()}]")
+    if np.unique(idx).size != idx.size:
+        raise ValueError(f"{who}: indices contain {idx.size - np.unique(idx).size} duplicates; a subset lists each "
+                         "parameter once")
+    return np.sort(idx)
+
+
+def restrict(fn: Callable, params, indices) -> tuple[Callable, jax.Array]:
+    r"""The model as a function of a subset of its flat parameters: ``(fn_S, theta_S)``.
+
+    ``fn_S(v, x)`` is ``fn`` with the flat parameters at ``indices`` (sorted) replaced by ``v``
+    and every other parameter held at its value in ``params``. Only the leaves that contain a
+    selected index depend on ``v`` (each by one scatter); the others are closed over, so
+    forward- and reverse-mode derivatives of ``fn_S`` never propagate through them: the
+    Jacobian $J E_s$ of a parameter subset is computed directly, never sliced from the full one.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from linops.models import restrict
+        >>> fn = lambda p, x: p["a"] * x + p["b"]
+        >>> fn_S, v = restrict(fn, {"a": jnp.array([2.0, 3.0]), "b": jnp.zeros(2)}, [1])
+        >>> v, fn_S(jnp.array([10.0]), jnp.ones(2))       # only a[1] is free
+        (Array([3.], dtype=float32), Array([ 2., 10.], dtype=float32))
+    """
+    import numpy as np
+
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    sizes = [int(np.size(leaf)) for leaf in leaves]
+    idx = check_indices(indices, sum(sizes), "restrict")
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    leaf_of = np.searchsorted(starts, idx, side="right") - 1
+    touched = {int(i): (idx[leaf_of == i] - starts[i], np.nonzero(leaf_of == i)[0]) for i in np.unique(leaf_of)}
+    flat, _ = ravel(params)
+
+    def fn_S(v, x):
+        full = list(leaves)
+        for i, (local, pos) in touched.items():
+            full[i] = leaves[i].reshape(-1).at[local].set(v[pos].astype(leaves[i].dtype)).reshape(leaves[i].shape)
+        return fn(jax.tree_util.tree_unflatten(treedef, full), x)
+
+    return fn_S, flat[idx]
+
+
+__all__ = ["check_indices", "from_equinox", "from_flax_nnx", "per_example", "ravel", "restrict"]
