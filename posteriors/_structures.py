@@ -10,6 +10,8 @@ $\Lambda^{-1}$ as an operator, $\log\det\Lambda$ and samples of $\mathcal N(0, \
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -17,21 +19,59 @@ import jax.numpy as jnp
 import numpy as np
 
 import linops as lo
+from linops.memory import check_fits
 
 
 def _full_alpha(alpha, n):
     return jnp.broadcast_to(alpha, (n,))
 
 
-class Structure(eqx.Module):
+class FitRequest(NamedTuple):
+    """What a structure's `fit` is given: the model, the data, the options of `posteriors.laplace`, and its
+    GGN as a lazy operator ``G`` (`linops.GGNOp`)."""
+
+    G: lo.LinearOperator
+    fn: Callable
+    params: Any
+    data: tuple
+    likelihood: Any
+    batch_size: int | None
+    mesh: Any
+    rank: int | None
+    num_steps: int | None
+    key: Any
+    kfac_fallback: str | None
+    who: str
+
+
+REGISTRY: dict[str, type] = {}
+"""``structure=`` name -> its class; `register` fills it."""
+
+
+def register(name: str):
+    """Class decorator: make a `StructuredGGN` subclass available as ``laplace(..., structure=name)``."""
+
+    def add(cls):
+        REGISTRY[name] = cls
+        return cls
+
+    return add
+
+
+class StructuredGGN(eqx.Module):
     """Base: a GGN in structured form; a subclass gives the precision as a linops operator.
 
-    Everything else follows from the algebra: the covariance is `linops.inv` of the precision,
+    A subclass implements `fit` (the curvature from a `FitRequest`) and `precision`, and is registered
+    with `register`. Everything else follows from the algebra: the covariance is `linops.inv` of the precision,
     samples are `linops.root` of the covariance applied to standard normals, the evidence's
     log-determinant is `linops.logdet` of the precision. A structure (and a posterior) keeps
     arrays, not operators: operators are built where they are used, so two posteriors of one
     shape share their compiled programs (an operator's leaf keys are static pytree data).
     """
+
+    @classmethod
+    def fit(cls, request: FitRequest) -> StructuredGGN:
+        raise NotImplementedError
 
     def factorize(self, alpha, scale):
         """What products and samples at this ``(alpha, scale)`` reuse (e.g. a Cholesky factor)."""
@@ -61,11 +101,20 @@ class Structure(eqx.Module):
         return None
 
 
-class Full(Structure):
+@register("full")
+class FullGGN(StructuredGGN):
     """The dense GGN: the posterior precision held as its Cholesky factor; for a scalar prior, the GGN's
     eigenvalues for cheap tuning."""
 
     G: jax.Array
+
+    @classmethod
+    def fit(cls, r):
+        P = r.G.shape[0]
+        check_fits(3 * P * P * np.dtype(r.G.dtype).itemsize, f"{r.who}(structure='full') with {P} parameters (the "
+                   "GGN, the precision and its Cholesky factor)", "use structure='diag', 'kfac', 'lowrank' or "
+                   "'last_layer'")
+        return cls(r.G.as_matrix())
 
     def _Lambda(self, alpha, scale):
         return self.G / scale + jnp.diag(_full_alpha(alpha, self.G.shape[0]).astype(self.G.dtype))
@@ -95,20 +144,36 @@ class Full(Structure):
         return jnp.sum(Rt_J**2, axis=0)
 
 
-class Diag(Structure):
+@register("diag")
+class DiagGGN(StructuredGGN):
     """The exact diagonal of the GGN."""
 
     g: jax.Array
+
+    @classmethod
+    def fit(cls, r):
+        return cls(lo.diag(r.G))
 
     def precision(self, alpha, scale):
         return lo.Diagonal(self.g / scale + alpha, nonnegative=True)
 
 
-class LowRank(Structure):
+@register("lowrank")
+class LowRankGGN(StructuredGGN):
     """Top GGN eigenpairs $U \\operatorname{diag}(\\lambda) U^\\top$ (orthonormal $U$): Woodbury, never ``P x P``."""
 
     U: jax.Array
     lam: jax.Array
+
+    @classmethod
+    def fit(cls, r):
+        if r.key is None:
+            raise ValueError(f"{r.who}(structure='lowrank'): Lanczos needs a start vector: "
+                             "pass key=jax.random.key(...)")
+        if r.rank is None:
+            raise ValueError(f"{r.who}(structure='lowrank'): pass rank=k, the number of GGN eigenpairs kept")
+        low = lo.LanczosLowRankOp(r.G, r.rank, r.key, num_steps=r.num_steps)
+        return cls(low.U, low.d)
 
     def precision(self, alpha, scale):
         P = self.U.shape[0]
@@ -130,7 +195,8 @@ class LowRank(Structure):
         return jnp.sum(residual**2, axis=1) / alpha + jnp.sum(C**2 / (lam + alpha)[None, :], axis=1)
 
 
-class KFAC(Structure):
+@register("kfac")
+class KFACGGN(StructuredGGN):
     """Per leaf an eigen-decomposed curvature block $Q \\operatorname{diag}(w) Q^\\top$ (`linops.EigenDecomposed`),
     $Q$ the Kronecker product of the eigenvectors in ``eigenvectors`` (two factors for a weight, one for a bias
     block, none (the identity) for the exact diagonal of a leaf outside any dense layer). One prior precision per
@@ -139,6 +205,34 @@ class KFAC(Structure):
     eigenvectors: tuple  # per leaf: a tuple of orthogonal matrices, Q their Kronecker product
     eigenvalues: tuple  # per leaf: w >= 0
     sizes: tuple = eqx.field(static=True)
+
+    @classmethod
+    def fit(cls, r):
+        K = lo.kfac(r.fn, r.params, *r.data, r.likelihood, batch_size=r.batch_size, mesh=r.mesh)
+        if K.other_leaves and r.kfac_fallback != "diag":
+            names = [path_string(p) for p, _ in jax.tree_util.tree_flatten_with_path(r.params)[0]]
+            raise ValueError(f"{r.who}(structure='kfac'): parameters outside any dense layer have no Kronecker "
+                             f"factors: {[names[i] for i in K.other_leaves]}; pass kfac_fallback='diag' to give them "
+                             "the exact GGN diagonal")
+        diag = lo.diag(r.G) if K.other_leaves else None
+        # per leaf, the eigendecompositions of its Kronecker factors (round-off leaves tiny negative eigenvalues of
+        # a PSD factor: clipped); Q is their Kronecker product, w the Kronecker product of their eigenvalues
+        factors = [None] * len(K.leaf_sizes)
+        for (first, second), w, b, B in zip(K.factors, K.weight_leaves, K.bias_leaves, K.bias_blocks, strict=True):
+            factors[w] = (first, second)
+            if b is not None:
+                factors[b] = (B,)
+        eigenvectors, eigenvalues = [], []
+        starts = np.concatenate([[0], np.cumsum(K.leaf_sizes)])
+        for i, fs in enumerate(factors):
+            if fs is None:  # outside any dense layer: the exact GGN diagonal, eigenvectors the identity
+                eigenvectors.append(())
+                eigenvalues.append(jnp.clip(diag[starts[i]:starts[i + 1]], 0.0))
+                continue
+            Es = [lo.eigendecompose(lo.Dense(F, tags={"psd"})) for F in fs]
+            eigenvectors.append(tuple(E.Q.matrix for E in Es))
+            eigenvalues.append(functools.reduce(jnp.kron, [jnp.clip(E.w, 0.0) for E in Es]))
+        return cls(tuple(eigenvectors), tuple(eigenvalues), K.leaf_sizes)
 
     def block(self, i, w) -> lo.EigenDecomposed:
         """Leaf ``i``'s block with eigenvalues ``w``."""
@@ -158,4 +252,9 @@ class KFAC(Structure):
                                  for i, w in enumerate(self.eigenvalues)])
 
 
-__all__ = ["Diag", "Full", "KFAC", "LowRank", "Structure"]
+def path_string(path) -> str:
+    """``"layers.0.weight"`` for a pytree key path."""
+    return ".".join(str(getattr(k, "name", getattr(k, "key", getattr(k, "idx", k)))) for k in path)
+
+
+__all__ = ["DiagGGN", "FitRequest", "FullGGN", "KFACGGN", "LowRankGGN", "REGISTRY", "StructuredGGN", "register"]

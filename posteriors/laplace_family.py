@@ -10,7 +10,6 @@ refactorisation (`LaplacePosterior.with_prior`), which is what evidence maximisa
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import equinox as eqx
@@ -20,13 +19,12 @@ import numpy as np
 
 import linops as lo
 from linops.likelihoods import Gaussian, Likelihood
-from linops.memory import check_fits
 from linops.models import ravel, restrict
 from posteriors import _structures as S
 from posteriors.gaussian import GaussianPosterior
 
-STRUCTURES = ("full", "diag", "last_layer", "lowrank", "kfac")
-"""The curvature structures `laplace` accepts as ``structure=``."""
+STRUCTURES = (*S.REGISTRY, "last_layer")
+"""The curvature structures `laplace` accepts as ``structure=`` (the registered ones, and the last layer's full GGN)."""
 
 
 class LaplacePosterior(GaussianPosterior):
@@ -49,7 +47,7 @@ class LaplacePosterior(GaussianPosterior):
 
     structure: str = eqx.field(static=True)
     likelihood: Likelihood
-    ggn: S.Structure
+    ggn: S.StructuredGGN
     prior_precision: jax.Array
     noise_scale: jax.Array
     subset: jax.Array | None
@@ -173,10 +171,6 @@ def _canonical_prior(prior, params, subset, structure, ggn, who):
     return alpha
 
 
-def _path_string(path):
-    return ".".join(str(getattr(k, "name", getattr(k, "key", getattr(k, "idx", k)))) for k in path)
-
-
 def last_layer_leaves(params, last_layer=None) -> list[int]:
     """Leaf indices of the last layer: all leaves under the parent of the last 2-D leaf (an
     Equinox MLP's ``layers[-1]``), or under the path prefix ``last_layer`` (``"layers.2"``).
@@ -190,7 +184,7 @@ def last_layer_leaves(params, last_layer=None) -> list[int]:
         ([4, 5], [2, 3])
     """
     with_paths = jax.tree_util.tree_flatten_with_path(params)[0]
-    names = [_path_string(p) for p, _ in with_paths]
+    names = [S.path_string(p) for p, _ in with_paths]
     if last_layer is None:
         matrices = [i for i, (_, leaf) in enumerate(with_paths) if jnp.ndim(leaf) == 2]
         if not matrices:
@@ -219,53 +213,6 @@ def _submodel(fn, params, chosen):
         return fn(jax.tree_util.tree_unflatten(treedef, full), x)
 
     return fn_L, tuple(leaves[i] for i in chosen), jnp.asarray(idx)
-
-
-def _fit(structure, fn, params, X, Y, likelihood, batch_size, rank, num_steps, key, kfac_fallback, who, mesh=None):
-    flat, _ = ravel(params)
-    P = flat.shape[0]
-    itemsize = np.dtype(flat.dtype).itemsize
-    G = lo.GGNOp(fn, params, X, Y, likelihood, batch_size=batch_size, mesh=mesh)
-    if structure == "full":
-        check_fits(3 * P * P * itemsize, f"{who}(structure='full') with {P} parameters (the GGN, the precision "
-                   "and its Cholesky factor)", "use structure='diag', 'kfac', 'lowrank' or 'last_layer'")
-        return S.Full(G.as_matrix())
-    if structure == "diag":
-        return S.Diag(lo.diag(G))
-    if structure == "lowrank":
-        if key is None:
-            raise ValueError(f"{who}(structure='lowrank'): Lanczos needs a start vector: pass key=jax.random.key(...)")
-        if rank is None:
-            raise ValueError(f"{who}(structure='lowrank'): pass rank=k, the number of GGN eigenpairs kept")
-        low = lo.LanczosLowRankOp(G, rank, key, num_steps=num_steps)
-        return S.LowRank(low.U, low.d)
-    # kfac
-    K = lo.kfac(fn, params, X, Y, likelihood, batch_size=batch_size, mesh=mesh)
-    leaves = jax.tree_util.tree_leaves(params)
-    if K.other_leaves and kfac_fallback != "diag":
-        names = [_path_string(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-        raise ValueError(f"{who}(structure='kfac'): parameters outside any dense layer have no Kronecker factors: "
-                         f"{[names[i] for i in K.other_leaves]}; pass kfac_fallback='diag' to give them the exact "
-                         "GGN diagonal")
-    diag = lo.diag(G) if K.other_leaves else None
-    # per leaf, the eigendecompositions of its Kronecker factors (round-off leaves tiny negative eigenvalues of
-    # a PSD factor: clipped); Q is their Kronecker product, w the Kronecker product of their eigenvalues
-    factors = [None] * len(leaves)
-    for (first, second), w, b, B in zip(K.factors, K.weight_leaves, K.bias_leaves, K.bias_blocks, strict=True):
-        factors[w] = (first, second)
-        if b is not None:
-            factors[b] = (B,)
-    eigenvectors, eigenvalues = [], []
-    starts = np.concatenate([[0], np.cumsum(K.leaf_sizes)])
-    for i, fs in enumerate(factors):
-        if fs is None:  # outside any dense layer: the exact GGN diagonal, eigenvectors the identity
-            eigenvectors.append(())
-            eigenvalues.append(jnp.clip(diag[starts[i]:starts[i + 1]], 0.0))
-            continue
-        Es = [lo.eigendecompose(lo.Dense(F, tags={"psd"})) for F in fs]
-        eigenvectors.append(tuple(E.Q.matrix for E in Es))
-        eigenvalues.append(functools.reduce(jnp.kron, [jnp.clip(E.w, 0.0) for E in Es]))
-    return S.KFAC(tuple(eigenvectors), tuple(eigenvalues), K.leaf_sizes)
 
 
 def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: str = "full", prior_precision=1.0,
@@ -331,8 +278,10 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
     if structure == "last_layer":
         chosen = tuple(last_layer_leaves(params, last_layer))
         fit_fn, fit_params, subset = _submodel(fn, params, chosen)
-    ggn = _fit("full" if structure == "last_layer" else structure, fit_fn, fit_params, X, Y, likelihood, batch_size,
-               rank, num_steps, key, kfac_fallback, who, mesh)
+    G = lo.GGNOp(fit_fn, fit_params, X, Y, likelihood, batch_size=batch_size, mesh=mesh)
+    request = S.FitRequest(G, fit_fn, fit_params, (X, Y), likelihood, batch_size, mesh, rank, num_steps, key,
+                           kfac_fallback, who)
+    ggn = S.REGISTRY["full" if structure == "last_layer" else structure].fit(request)
     alpha = _canonical_prior(prior_precision, params, subset, structure, ggn, who)
     return make_posterior(fn, params, X, Y, likelihood, structure, ggn, alpha, subset, chosen)
 

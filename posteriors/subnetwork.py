@@ -348,7 +348,7 @@ def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Sub
     indices = np.asarray(subnetwork.indices)
     fn_S, theta_S = restrict(fn, params, indices)
     G = lo.GGNOp(fn_S, theta_S, X, Y, likelihood, batch_size=batch_size, mesh=mesh).as_matrix()
-    ggn = S.Full(G)
+    ggn = S.FullGGN(G)
     alpha = _canonical_prior(prior_precision, params, jnp.asarray(indices), "subnetwork", ggn, who)
     if rescale_prior:
         alpha = alpha * (s / P)

@@ -22,9 +22,8 @@ Example:
     [[1.1, 0.6065], [0.6065, 1.1]]
 """
 
-from linops.kernels._base import Kernel
+from linops.kernels._base import Kernel, ProductKernel, ScaledKernel, SumKernel
 from linops.kernels._basic import Linear, Periodic, White
-from linops.kernels._combine import Product, Scaled, Sum
 from linops.kernels._gp import GPFit, fit_gp, gp_log_marginal_likelihood
 from linops.kernels._gram import KernelGramOp
 from linops.kernels._multioutput import Coregionalized, Independent
@@ -32,6 +31,19 @@ from linops.kernels._stationary import RBF, Matern12, Matern32, Matern52, Ration
 
 __all__ = [
     "Coregionalized", "fit_gp", "gp_log_marginal_likelihood", "GPFit", "Independent", "Kernel", "KernelGramOp",
-    "Linear", "Matern12", "Matern32", "Matern52", "Periodic", "Product", "RationalQuadratic", "RBF", "Scaled",
-    "Stationary", "Sum", "White",
+    "Linear", "Matern12", "Matern32", "Matern52", "Periodic", "ProductKernel", "RationalQuadratic", "RBF",
+    "ScaledKernel", "Stationary", "SumKernel", "White",
 ]
+
+_RENAMED = {"Sum": "SumKernel", "Product": "ProductKernel", "Scaled": "ScaledKernel"}
+
+
+def __getattr__(name):
+    # The combinators were named like linops.Sum/Product/Scaled (operators); the old names still work.
+    if name in _RENAMED:
+        import warnings
+
+        warnings.warn(f"linops.kernels.{name} is deprecated: it is linops.kernels.{_RENAMED[name]} (linops.{name} is "
+                      "the operator of that name)", DeprecationWarning, stacklevel=2)
+        return globals()[_RENAMED[name]]
+    raise AttributeError(f"module 'linops.kernels' has no attribute {name!r}")

@@ -124,7 +124,7 @@ class Coregionalized(Kernel):
     ``B`` (``output_covariance``) is the $O \times O$ covariance between outputs, an array leaf
     differentiated like the other hyperparameters. A concrete ``B`` must be symmetric and
     positive semi-definite up to a relative tolerance of $10\sqrt{\epsilon}$ of its dtype.
-    A `Sum` of these is the linear model of coregionalisation.
+    A `SumKernel` of these is the linear model of coregionalisation.
 
     Args:
         kernel: a single-output kernel $k$.

@@ -254,13 +254,13 @@ def test_bad_multi_output_input_is_refused_with_a_clear_error():
     with pytest.raises(ValueError, match="Coregionalized: kernel must be a single-output kernel, got Independent"):
         K.Coregionalized(K.Independent(K.RBF(), num_outputs=2), jnp.eye(2))
 
-    with pytest.raises(ValueError, match=r"Sum: cannot add a kernel with 1 output to a kernel with 3 outputs; .*"
+    with pytest.raises(ValueError, match=r"SumKernel: cannot add a kernel with 1 output to a kernel with 3 outputs; .*"
                                          r"Independent\(k, num_outputs=3\)"):
         K.RBF() + co
-    with pytest.raises(ValueError, match="Sum: cannot add a kernel with 2 outputs to a kernel with 3 outputs"):
+    with pytest.raises(ValueError, match="SumKernel: cannot add a kernel with 2 outputs to a kernel with 3 outputs"):
         K.Independent(K.RBF(), num_outputs=2) + co
-    with pytest.raises(ValueError, match="Product: only single-output kernels multiply, got kernels with 3 outputs "
-                                         "and 1 output"):
+    with pytest.raises(ValueError, match="ProductKernel: only single-output kernels multiply, got kernels with "
+                                         "3 outputs and 1 output"):
         co * K.RBF()
     assert (3.0 * co).num_outputs == 3  # scaling is fine
 

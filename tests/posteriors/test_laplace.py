@@ -133,7 +133,7 @@ def test_low_rank_predictive_variance_has_no_cancellation_in_float32():
     J = (rng.standard_normal((5, 5)) @ U[:, :5].T) * 4.0  # rows in the span of the large eigenvalues
     alpha = 1.0
     exact = np.sum((J @ U) ** 2 / (lam + alpha), axis=1)
-    struct = S.LowRank(jnp.asarray(U, jnp.float32), jnp.asarray(lam, jnp.float32))
+    struct = S.LowRankGGN(jnp.asarray(U, jnp.float32), jnp.asarray(lam, jnp.float32))
     J32 = jnp.asarray(J, jnp.float32)
     stable = struct.quadratic_rows(J32, jnp.float32(alpha), jnp.float32(1.0), None)
     assert_close(stable, exact, rtol=1e-3)
