@@ -94,27 +94,34 @@ class LinearOperator(eqx.Module):
         return _COMPOSITES["Transpose"](self)
 
     # --- closed forms: return NotImplemented where the structure gives none ---------
+    # The defaults here follow from the tags alone (an orthogonal Q has Q^-1 = Q^T and |det Q| = 1; a
+    # projector is its own square root and pseudo-inverse); a subclass overrides a hook where its
+    # structure gives more, and defers to these (super()) where its tags may say more.
 
     def _diag(self):
         return NotImplemented
 
     def _solve(self, b):
         """``A^{-1} b`` for ``b`` of shape ``(n,)`` or ``(n, k)``."""
+        if _tags.orthogonal in self.tags and self.is_square:
+            return self.rmv(b) if b.ndim == 1 else self.rmm(b)
         return NotImplemented
 
     def _inv(self):
         """A structured operator equal to ``A^{-1}``."""
-        return NotImplemented
+        return self.T if _tags.orthogonal in self.tags and self.is_square else NotImplemented
 
     def _pinv(self, rtol):
-        return NotImplemented
+        return self if _tags.projector in self.tags else NotImplemented
 
     def _sqrt(self):
         """The principal (symmetric PSD) square root, as an operator."""
-        return NotImplemented
+        return self if _tags.projector in self.tags else NotImplemented
 
     def _logdet(self):
         """``log |det A|``."""
+        if _tags.orthogonal in self.tags and self.is_square:
+            return jnp.zeros((), self.dtype)
         return NotImplemented
 
     def _eigh(self):

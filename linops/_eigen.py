@@ -82,9 +82,6 @@ class EigenDecomposed(LinearOperator):
 
     rmv, rmm = mv, mm
 
-    def transpose(self):
-        return self
-
     def _shift(self, lam, nonnegative):
         keep = self.nonnegative and bool(nonnegative)
         return self._with(self.w + lam, nonnegative=keep or None)

@@ -159,9 +159,6 @@ class Cholesky(LinearOperator):
 
     mm = rmv = rmm = mv
 
-    def transpose(self):
-        return self
-
     def _diag(self):
         return jnp.sum(self.factor.matrix**2, axis=1)
 

@@ -174,8 +174,6 @@ def root(A: LinearOperator) -> LinearOperator:
     if _tags.psd not in A.tags:
         raise ValueError(f"root: {describe(A)} is not tagged psd (its tags: {sorted(A.tags)}); a square-root factor "
                          "exists for PSD operators only")
-    if _tags.projector in A.tags:
-        return A
     return _closed_form(A._root(), A, "root", "lo.sqrt(A, method='dense')")
 
 
@@ -235,8 +233,6 @@ def pinv(A: LinearOperator, *, rtol: float | None = None, method: str | None = N
     """
     _check_op(A, "pinv")
     _check_method("pinv", method, (None, "dense"))
-    if _tags.projector in A.tags:
-        return A
     if method is None:
         return _closed_form(A._pinv(rtol), A, "pinv", "method='dense'")
     return Dense(A.as_matrix(), tags=A.tags & {_tags.symmetric})._pinv(rtol)
@@ -261,8 +257,6 @@ def sqrt(A: LinearOperator, *, method: str | None = None) -> LinearOperator:
             f"sqrt: {describe(A)} is not tagged psd (its tags: {sorted(A.tags)}); the principal "
             "square root is defined here for PSD operators only"
         )
-    if _tags.projector in A.tags:
-        return A
     if method is None:
         return _closed_form(A._sqrt(), A, "sqrt", "method='dense'")
     return Dense(A.as_matrix(), tags={_tags.psd})._sqrt()

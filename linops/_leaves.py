@@ -77,11 +77,6 @@ class Dense(LinearOperator):
 
     rmm = rmv
 
-    def transpose(self):
-        if _tags.symmetric in self.declared:
-            return self
-        return super().transpose()
-
     def as_matrix(self):
         return self.matrix
 
@@ -103,6 +98,8 @@ class Dense(LinearOperator):
         return jnp.linalg.slogdet(self.matrix)[1]
 
     def _pinv(self, rtol):
+        if (tagged := super()._pinv(rtol)) is not NotImplemented:  # a projector is its own
+            return tagged
         if _tags.symmetric in self.declared:
             w, Q = jnp.linalg.eigh(self.matrix)
             return Dense((Q * cutoff_inverse(w, rtol, self.shape)[None, :]) @ Q.T, tags={"symmetric"})
@@ -110,6 +107,8 @@ class Dense(LinearOperator):
         return Dense((Vt.T * cutoff_inverse(s, rtol, self.shape)[None, :]) @ U.T)
 
     def _sqrt(self):
+        if (tagged := super()._sqrt()) is not NotImplemented:  # a projector is its own
+            return tagged
         if _tags.psd not in self.declared:
             return NotImplemented
         w, Q = jnp.linalg.eigh(self.matrix)
@@ -193,9 +192,6 @@ class Diagonal(LinearOperator):
     rmv = mv
     rmm = mm
 
-    def transpose(self):
-        return self
-
     def as_matrix(self):
         check_dense(self)
         return jnp.diag(self.d)
@@ -262,29 +258,11 @@ class Identity(LinearOperator):
 
     mm = rmv = rmm = mv
 
-    def transpose(self):
-        return self
-
     def signature(self):
         return ("Identity", self.n, str(self.dtype))
 
     def _diag(self):
         return jnp.ones(self.n, self.dtype)
-
-    def _solve(self, b):
-        return b
-
-    def _inv(self):
-        return self
-
-    def _pinv(self, rtol):
-        return self
-
-    def _sqrt(self):
-        return self
-
-    def _logdet(self):
-        return jnp.zeros((), self.dtype)
 
     def _eigendecompose(self):
         return EigenDecomposed(self, jnp.ones(self.n, self.dtype), nonnegative=True)
@@ -350,9 +328,6 @@ class Zero(LinearOperator):
     def _hadamard_square(self):
         return self
 
-    def _sqrt(self):
-        return self
-
 
 class FunctionOp(LinearOperator):
     """A matrix-free operator from a function ``v -> A v``.
@@ -409,11 +384,6 @@ class FunctionOp(LinearOperator):
         if _tags.symmetric in self.declared:
             return self.fn(u)
         return super().rmv(u)
-
-    def transpose(self):
-        if _tags.symmetric in self.declared:
-            return self
-        return super().transpose()
 
 
 def check_vector(op: LinearOperator, b, what: str, length: int) -> jax.Array:

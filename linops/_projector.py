@@ -119,9 +119,6 @@ class ProjectorOp(LinearOperator):
 
     mm = rmv = rmm = mv
 
-    def transpose(self):
-        return self
-
     def _diag(self):
         B = self.M.rmm(self.W.T)  # (n, m): columns span the row space, orthonormal
         row = jnp.sum(B * B, axis=1)
@@ -131,11 +128,6 @@ class ProjectorOp(LinearOperator):
         r = self.rank.astype(self.dtype)
         return r if self.onto == "row_space" else self.shape[0] - r
 
-    def _pinv(self, rtol):
-        return self
-
-    def _sqrt(self):
-        return self
 
 
 class Complement(LinearOperator):
@@ -185,9 +177,6 @@ class Complement(LinearOperator):
     rmv = mv
     rmm = mm
 
-    def transpose(self):
-        return self
-
     def _diag(self):
         d = self.op._diag()
         return d if d is NotImplemented else 1.0 - d
@@ -196,8 +185,3 @@ class Complement(LinearOperator):
         t = self.op._trace()
         return t if t is NotImplemented else self.shape[0] - t
 
-    def _pinv(self, rtol):
-        return self
-
-    def _sqrt(self):
-        return self

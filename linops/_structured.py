@@ -171,15 +171,6 @@ class Selection(LinearOperator):
 
     rmm = rmv
 
-    def _inv(self):
-        return self.T if self.is_permutation else NotImplemented
-
-    def _solve(self, b):
-        return self.rmv(b) if self.is_permutation else NotImplemented
-
-    def _logdet(self):
-        return jnp.zeros((), self.dtype) if self.is_permutation else NotImplemented
-
     def _hadamard_square(self):
         return self  # entries 0 and 1
 

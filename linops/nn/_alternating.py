@@ -275,14 +275,6 @@ class AlternatingProjectionOp(LinearOperator):
 
     rmv = mv
 
-    def transpose(self):
-        return self
-
-    def _sqrt(self):
-        return self
-
-    def _pinv(self, rtol):
-        return self
 
 
 _project_jit = jax.jit(lambda A, x: A._project(x))

@@ -271,9 +271,6 @@ class GGNOp(_LikelihoodOperator):
 
     rmv = mv
 
-    def transpose(self):
-        return self
-
     def as_matrix(self):
         r"""The dense $G = \sum_n (A_n J_n)^\top (A_n J_n)$ from the rows of the Hessian factors.
 
