@@ -42,6 +42,7 @@ import linops as lo
 from linops.kernels import Independent, Kernel
 from linops.likelihoods import Likelihood
 from linops.models import ravel
+from posteriors._checks import check_data, check_likelihood, check_params
 from posteriors.gaussian import LowRankPosterior
 
 
@@ -193,9 +194,7 @@ def fsp_objective(fn, prior, likelihood: Likelihood, *, num_data: int, context, 
         True
     """
     prior = _as_prior(prior, "fsp_objective")
-    if not isinstance(likelihood, Likelihood):
-        raise TypeError(f"fsp_objective: likelihood must be a linops.likelihoods.Likelihood, "
-                        f"got {type(likelihood).__name__}")
+    check_likelihood(likelihood, "fsp_objective")
     if likelihood.per_example:
         raise ValueError("fsp_objective: a per-example (heteroscedastic) likelihood cannot follow random "
                          "mini-batches; use a likelihood with shared parameters")
@@ -208,9 +207,7 @@ def fsp_objective(fn, prior, likelihood: Likelihood, *, num_data: int, context, 
                              f"got shape {fixed.shape}")
 
     def objective(params, batch, key=None):
-        if not (isinstance(batch, tuple) and len(batch) == 2):
-            raise ValueError("fsp_objective: batch must be an (inputs, targets) pair")
-        X, Y = batch
+        X, Y = check_data(batch, "fsp_objective", "batch")
         if callable(context):
             if key is None:
                 raise ValueError("fsp_objective: the context points are drawn afresh at each step: pass key=...")
@@ -353,13 +350,9 @@ def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likeliho
     """
     who = "fsp_laplace"
     prior = _as_prior(prior, who)
-    if not isinstance(likelihood, Likelihood):
-        raise TypeError(f"{who}: likelihood must be a linops.likelihoods.Likelihood, got {type(likelihood).__name__}")
-    if not (isinstance(data, tuple) and len(data) == 2):
-        raise ValueError(f"{who}: data must be an (inputs, targets) pair")
-    flat, _ = ravel(params)
-    if not bool(jnp.all(jnp.isfinite(flat))):
-        raise ValueError(f"{who}: params contain non-finite values")
+    check_likelihood(likelihood, who)
+    check_data(data, who)
+    check_params(params, who)
     X, Y = data
     C = jnp.asarray(context_points)
     num_outputs = _outputs(fn, params, C, who)

@@ -21,6 +21,7 @@ import linops as lo
 from linops.likelihoods import Gaussian, Likelihood
 from linops.models import ravel, restrict
 from posteriors import _structures as S
+from posteriors._checks import check_data, check_likelihood, check_params
 from posteriors.gaussian import GaussianPosterior
 
 STRUCTURES = (*S.REGISTRY, "last_layer")
@@ -263,15 +264,11 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
     who = "laplace"
     if structure not in STRUCTURES:
         raise ValueError(f"{who}: unknown structure {structure!r}; expected one of {STRUCTURES}")
-    if not isinstance(likelihood, Likelihood):
-        raise TypeError(f"{who}: likelihood must be a linops.likelihoods.Likelihood, got {type(likelihood).__name__}")
-    if not (isinstance(data, tuple) and len(data) == 2):
-        raise ValueError(f"{who}: data must be an (inputs, targets) pair")
+    check_likelihood(likelihood, who)
+    check_data(data, who)
     if kfac_fallback not in (None, "diag"):
         raise ValueError(f"{who}: kfac_fallback must be None or 'diag', got {kfac_fallback!r}")
-    flat, unravel = ravel(params)
-    if not isinstance(flat, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(flat))):
-        raise ValueError(f"{who}: params contain non-finite values")
+    check_params(params, who)
     X, Y = data
     subset = chosen = None
     fit_fn, fit_params = fn, params

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 import linops as lo
 from linops.models import ravel
+from posteriors._checks import check_data, check_likelihood, check_params
 from posteriors.gaussian import GaussianPosterior
 
 
@@ -106,12 +107,6 @@ def _optimal(projection, theta, key, num_samples):
     return rank / jnp.sum(jnp.asarray(theta) ** 2), estimate, draws
 
 
-def _check_params(params, who):
-    flat, _ = ravel(params)
-    if not bool(jnp.all(jnp.isfinite(flat))):
-        raise ValueError(f"{who}: params contain non-finite values")
-
-
 def _check_prior(prior_precision, key, who):
     if isinstance(prior_precision, str):
         if prior_precision != "optimal":
@@ -159,7 +154,7 @@ def projected_posterior(fn, params, data, *, batch_size: int, prior_precision=1.
         >>> bool(jnp.allclose(samples[:, :2], 1.0, atol=1e-5))   # fixed where the data speak
         True
     """
-    _check_params(params, "projected_posterior")
+    check_params(params, "projected_posterior")
     _check_prior(prior_precision, key, "projected_posterior")
     inputs = data[0] if isinstance(data, tuple) else data
     projection = lo.AlternatingProjectionOp.from_jacobian(fn, params, inputs, batch_size=batch_size,
@@ -183,9 +178,9 @@ def loss_projected_posterior(fn, params, data, likelihood, *, batch_size: int, p
         >>> (post.covariance @ jnp.array([1.0, 1.0])).round(5) + 0.0
         Array([0., 1.], dtype=float32)
     """
-    if not (isinstance(data, tuple) and len(data) == 2):
-        raise ValueError("loss_projected_posterior: data must be an (inputs, targets) pair")
-    _check_params(params, "loss_projected_posterior")
+    check_data(data, "loss_projected_posterior")
+    check_likelihood(likelihood, "loss_projected_posterior")
+    check_params(params, "loss_projected_posterior")
     _check_prior(prior_precision, key, "loss_projected_posterior")
     inputs, targets = data
     projection = lo.AlternatingProjectionOp.from_loss_jacobian(fn, params, inputs, targets, likelihood,

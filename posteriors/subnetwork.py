@@ -39,6 +39,7 @@ from linops.likelihoods import Likelihood
 from linops.memory import check_fits, format_bytes
 from linops.models import check_indices, ravel, restrict
 from posteriors import _structures as S
+from posteriors._checks import check_data, check_likelihood
 from posteriors.laplace_family import LaplacePosterior, _canonical_prior, last_layer_leaves, make_posterior
 
 #: What `subnetwork_laplace` keeps per subnetwork weight pair: the GGN block, its Cholesky factor
@@ -333,10 +334,8 @@ def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Sub
     if not isinstance(subnetwork, Subnetwork):
         raise TypeError(f"{who}: subnetwork must be a posteriors.subnetwork.Subnetwork, "
                         f"got {type(subnetwork).__name__}")
-    if not isinstance(likelihood, Likelihood):
-        raise TypeError(f"{who}: likelihood must be a linops.likelihoods.Likelihood, got {type(likelihood).__name__}")
-    if not (isinstance(data, tuple) and len(data) == 2):
-        raise ValueError(f"{who}: data must be an (inputs, targets) pair")
+    check_likelihood(likelihood, who)
+    check_data(data, who)
     flat, _ = ravel(params)
     P, s = flat.shape[0], subnetwork.size
     if subnetwork.num_params != P:

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linops._batching import check_mesh, num_examples, sharded_sum
-from linops.nn._operators import _check_batch_size, _check_model
+from linops.nn._operators import _check_batch_size, _check_likelihood, _check_model
 from linops.nn.likelihoods import Likelihood
 
 
@@ -153,8 +153,7 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, batch
     _check_batch_size(batch_size, who)
     mesh, axis = check_mesh(mesh, axis, who)
     n, _ = _check_model(fn, params, inputs, who)
-    if not isinstance(likelihood, Likelihood):
-        raise TypeError(f"{who}: likelihood must be a linops.likelihoods.Likelihood, got {type(likelihood).__name__}")
+    _check_likelihood(likelihood, who)
     if num_examples(targets) != n:
         raise ValueError(f"{who}: inputs has {n} examples but targets has {num_examples(targets)}")
     likelihood.check(jax.eval_shape(fn, params, jax.tree_util.tree_map(lambda a: a[0], inputs)).shape[0], targets, n,

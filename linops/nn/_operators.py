@@ -49,6 +49,11 @@ def _check_model(fn, params, inputs, who):
     return n, out.shape[0]
 
 
+def _check_likelihood(likelihood, who):
+    if not isinstance(likelihood, Likelihood):
+        raise TypeError(f"{who}: likelihood must be a linops.likelihoods.Likelihood, got {type(likelihood).__name__}")
+
+
 def _check_batch_size(batch_size, who):
     if batch_size is not None and (not isinstance(batch_size, (int, np.integer)) or batch_size < 1):
         raise ValueError(f"{who}: batch_size must be a positive integer, got {batch_size!r}")
@@ -184,10 +189,7 @@ class _LikelihoodOperator(_ModelOperator):
 
     def _init_lik(self, fn, params, inputs, targets, likelihood, batch_size, who, mesh=None, axis="data"):
         self._init_model(fn, params, inputs, batch_size, who, mesh, axis)
-        if not isinstance(likelihood, Likelihood):
-            raise TypeError(
-                f"{who}: likelihood must be a linops.likelihoods.Likelihood, got {type(likelihood).__name__}"
-            )
+        _check_likelihood(likelihood, who)
         try:
             nt = num_examples(targets)
         except (ValueError, IndexError) as e:

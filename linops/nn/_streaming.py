@@ -11,7 +11,7 @@ import numpy as np
 
 from linops import _tags
 from linops._base import LinearOperator, new_key
-from linops.nn._operators import _check_model, ggn_batch_product
+from linops.nn._operators import _check_likelihood, _check_model, ggn_batch_product
 from linops.nn.likelihoods import Likelihood
 from linops.nn.models import ravel
 
@@ -74,10 +74,7 @@ class StreamingGGNOp(LinearOperator):
 
     def __init__(self, fn, params, batches: Iterable | Callable, likelihood: Likelihood, *, progress: bool = False):
         who = "StreamingGGNOp"
-        if not isinstance(likelihood, Likelihood):
-            raise TypeError(
-                f"{who}: likelihood must be a linops.likelihoods.Likelihood, got {type(likelihood).__name__}"
-            )
+        _check_likelihood(likelihood, who)
         if likelihood.per_example:
             raise ValueError(f"{who}: a per-example likelihood (heteroscedastic sigma) needs GGNOp on in-memory data")
         if not (callable(batches) or hasattr(batches, "__iter__")):
