@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax.numpy as jnp
@@ -89,19 +90,58 @@ def rectangular(draw, m: int, n: int, dtype=np.float64) -> Case:
     return Case(lo.Selection(jnp.asarray(idx), n, dtype=dtype), dense)
 
 
-SQUARE_KINDS = (
-    "dense", "dense_psd", "dense_symmetric", "diagonal", "diagonal_positive", "identity", "zero",
-    "lowrank", "lowrank_orthonormal", "lowrank_general", "function", "block_diagonal", "kronecker",
-    "projector_row", "projector_null", "complement", "mask", "permutation", "inverse_spd", "lineax",
-    "eigen", "eigen_psd", "eigen_kronecker", "cholesky", "triangular", "lu", "inverse_dense",
-)
+Builder = Callable[..., Case]
+"""``builder(draw, rng, n, dtype, kind) -> Case``: one kind of random square operator of size ``n``."""
+
+_KINDS: dict[str, tuple[Builder, Callable[[int], bool]]] = {}
+
+
+def register_kind(name: str, builder: Builder, *, sizes: Callable[[int], bool] = lambda n: True) -> None:
+    """Add a kind of square operator to `operators` (and so to `expressions`), for the sizes ``sizes`` accepts.
+
+    ``builder(draw, rng, n, dtype, kind)`` returns a `Case`: draw sub-operators with ``draw(operators(...))`` and
+    values from the NumPy generator ``rng``. Registering your own operator here puts it under every property
+    test that draws from these strategies.
+
+    Example:
+        >>> import numpy as np, linops as lo
+        >>> from linops.testing import strategies as lst
+        >>> def scaled_identity(draw, rng, n, dtype, kind):
+        ...     c = float(rng.uniform(0.5, 2.0))
+        ...     return lst.Case(c * lo.Identity(n, dtype), c * np.eye(n))
+        >>> lst.register_kind("scaled_identity", scaled_identity)
+        >>> "scaled_identity" in lst.kinds()
+        True
+    """
+    _KINDS[name] = (builder, sizes)
+
+
+def kinds() -> tuple[str, ...]:
+    """Every registered kind, built-in (`SQUARE_KINDS`) and yours, in registration order.
+
+    Example:
+        >>> from linops.testing import strategies as lst
+        >>> set(lst.SQUARE_KINDS) <= set(lst.kinds()), "cholesky" in lst.kinds()
+        (True, True)
+    """
+    return tuple(_KINDS)
+
+
+def _kind(*names, sizes=lambda n: True):
+    def add(builder):
+        for name in names:
+            register_kind(name, builder, sizes=sizes)
+        return builder
+
+    return add
 
 
 @st.composite
-def operators(draw, n: int | None = None, dtype=np.float64, kinds=SQUARE_KINDS) -> Case:
+def operators(draw, n: int | None = None, dtype=np.float64, kinds: Sequence[str] | None = None) -> Case:
     """A random square leaf (or small structured composite) of size ``n``, with its reference.
 
-    ``kinds`` restricts the draw to some of `SQUARE_KINDS`.
+    ``kinds`` restricts the draw to some of the registered kinds (default: all of them, `kinds()`;
+    `register_kind` adds one).
 
     Example:
         >>> from hypothesis import given, settings
@@ -114,110 +154,193 @@ def operators(draw, n: int | None = None, dtype=np.float64, kinds=SQUARE_KINDS) 
     """
     n = draw(st.sampled_from(SIZES)) if n is None else n
     rng = _rng(draw)
-    allowed = [k for k in kinds if not (k in ("kronecker", "eigen_kronecker") and n not in (4, 6))]
-    allowed = [k for k in allowed if not (k in ("block_diagonal", "mask") and n < 2)]
+    allowed = [k for k in (tuple(_KINDS) if kinds is None else kinds) if _KINDS[k][1](n)]
     kind = draw(st.sampled_from(allowed))
-    a = lambda x: _arr(x, dtype)  # noqa: E731
-    if kind == "dense":
-        M = rng.standard_normal((n, n))
-        return Case(lo.Dense(a(M)), M)
-    if kind == "dense_psd":
-        M = _spd(rng, n)
-        return Case(lo.Dense(a(M), tags={"psd"}), M)
-    if kind == "dense_symmetric":
-        M = rng.standard_normal((n, n))
-        M = M + M.T
-        return Case(lo.Dense(a(M), tags={"symmetric"}), M)
-    if kind in ("diagonal", "diagonal_positive"):
-        d = rng.standard_normal(n)
-        d = np.abs(d) + 0.1 if kind == "diagonal_positive" else d
-        return Case(lo.Diagonal(a(d)), np.diag(d))
-    if kind == "identity":
-        return Case(lo.Identity(n, dtype), np.eye(n))
-    if kind == "zero":
-        return Case(lo.Zero(n, dtype=dtype), np.zeros((n, n)))
-    if kind == "lowrank":
-        k = draw(st.integers(1, n))
-        U, d = rng.standard_normal((n, k)), rng.standard_normal(k)
-        return Case(lo.LowRank(a(U), a(d)), U @ np.diag(d) @ U.T)
-    if kind == "lowrank_orthonormal":
-        k = draw(st.integers(1, n))
-        U, d = _orthonormal(rng, n, k), np.abs(rng.standard_normal(k))
-        return Case(lo.LowRank(a(U), a(d), orthonormal=True), U @ np.diag(d) @ U.T)
-    if kind == "lowrank_general":
-        k = draw(st.integers(1, n))
-        U, d, V = rng.standard_normal((n, k)), rng.standard_normal(k), rng.standard_normal((n, k))
-        return Case(lo.LowRank(a(U), a(d), a(V)), U @ np.diag(d) @ V.T)
-    if kind == "function":
-        M = rng.standard_normal((n, n))
-        Mj = a(M)
-        return Case(lo.FunctionOp(lambda v: Mj @ v, (n, n), Mj.dtype), M)
-    if kind == "block_diagonal":
-        split = draw(st.integers(1, n - 1))
-        left = draw(operators(split, dtype, kinds=_SIMPLE))
-        right = draw(operators(n - split, dtype, kinds=_SIMPLE))
-        dense = np.zeros((n, n))
-        dense[:split, :split], dense[split:, split:] = left.dense, right.dense
-        return Case(lo.BlockDiagonal([left.op, right.op]), dense)
-    if kind == "kronecker":
-        na = 2
-        left = draw(operators(na, dtype, kinds=_SIMPLE))
-        right = draw(operators(n // na, dtype, kinds=_SIMPLE))
-        return Case(lo.Kronecker(left.op, right.op), np.kron(left.dense, right.dense))
-    if kind in ("projector_row", "projector_null", "complement"):
-        k = draw(st.integers(1, n))
-        M = rng.standard_normal((k, n))
-        if k >= 2 and draw(st.booleans()):
-            M[-1] = M[0] * 2.0  # rank deficient: the relative cut-off must catch it
-        row = np.linalg.pinv(M) @ M
-        if kind == "projector_row":
-            return Case(lo.ProjectorOp.onto_row_space(a(M)), row)
-        if kind == "projector_null":
-            return Case(lo.ProjectorOp.onto_null_space(a(M)), np.eye(n) - row)
-        return Case(lo.Complement(lo.Dense(a(row), tags={"projector"})), np.eye(n) - row)
-    if kind == "mask":
-        k = draw(st.integers(1, n - 1))
-        idx = rng.choice(n, size=k, replace=False)
-        S = lo.Selection(jnp.asarray(idx), n, dtype=dtype)
-        dense = np.zeros((n, n))
-        dense[idx, idx] = 1.0
-        return Case(S.T @ S, dense)
-    if kind == "permutation":
-        perm = rng.permutation(n)
-        return Case(lo.Selection(jnp.asarray(perm), n, dtype=dtype), np.eye(n)[perm])
-    if kind == "lineax":
-        import lineax as lx
+    return _KINDS[kind][0](draw, rng, n, dtype, kind)
 
-        M = rng.standard_normal((n, n))
-        Mj = a(M)
-        return Case(lo.from_lineax(lx.FunctionLinearOperator(lambda v: Mj @ v, Mj[0])), M)
-    if kind in ("eigen", "eigen_psd"):
-        Q = _orthonormal(rng, n, n)
-        w = rng.standard_normal(n)
-        w = np.abs(w) + 0.1 if kind == "eigen_psd" else w
-        return Case(lo.EigenDecomposed(lo.Dense(a(Q), tags={"orthogonal"}), a(w)), Q @ np.diag(w) @ Q.T)
-    if kind == "eigen_kronecker":
-        left = draw(operators(2, dtype, kinds=("eigen_psd",)))
-        right = draw(operators(n // 2, dtype, kinds=("eigen_psd", "dense_psd")))
-        E = lo.eigendecompose(lo.Kronecker(left.op, lo.eigendecompose(right.op)))
-        return Case(E, np.kron(left.dense, right.dense))
-    if kind == "cholesky":
-        M = _spd(rng, n)
-        return Case(lo.Cholesky(a(np.linalg.cholesky(M))), M)
-    if kind == "triangular":
-        L = np.tril(rng.standard_normal((n, n))) + 2.0 * np.eye(n)
-        lower = draw(st.booleans())
-        M = L if lower else L.T
-        return Case(lo.Triangular(a(M), lower=lower), M)
-    if kind in ("lu", "inverse_dense"):
-        M = rng.standard_normal((n, n)) + 3.0 * np.eye(n)
-        if kind == "lu":
-            return Case(lo.factorize(lo.Dense(a(M))), M)
-        return Case(lo.inv(lo.Dense(a(M))), np.linalg.inv(M))
-    assert kind == "inverse_spd"
+
+@_kind("dense")
+def _dense(draw, rng, n, dtype, kind):
+    a = lambda x: _arr(x, dtype)  # noqa: E731
+    M = rng.standard_normal((n, n))
+    return Case(lo.Dense(a(M)), M)
+
+
+@_kind("dense_psd")
+def _dense_psd(draw, rng, n, dtype, kind):
+    a = lambda x: _arr(x, dtype)  # noqa: E731
+    M = _spd(rng, n)
+    return Case(lo.Dense(a(M), tags={"psd"}), M)
+
+
+@_kind("dense_symmetric")
+def _dense_symmetric(draw, rng, n, dtype, kind):
+    a = lambda x: _arr(x, dtype)  # noqa: E731
+    M = rng.standard_normal((n, n))
+    M = M + M.T
+    return Case(lo.Dense(a(M), tags={"symmetric"}), M)
+
+
+@_kind("diagonal", "diagonal_positive")
+def _diagonal(draw, rng, n, dtype, kind):
+    a = lambda x: _arr(x, dtype)  # noqa: E731
+    d = rng.standard_normal(n)
+    d = np.abs(d) + 0.1 if kind == "diagonal_positive" else d
+    return Case(lo.Diagonal(a(d)), np.diag(d))
+
+
+@_kind("identity")
+def _identity(draw, rng, n, dtype, kind):
+    return Case(lo.Identity(n, dtype), np.eye(n))
+
+
+@_kind("zero")
+def _zero(draw, rng, n, dtype, kind):
+    return Case(lo.Zero(n, dtype=dtype), np.zeros((n, n)))
+
+
+@_kind("lowrank")
+def _lowrank(draw, rng, n, dtype, kind):
+    a = lambda x: _arr(x, dtype)  # noqa: E731
+    k = draw(st.integers(1, n))
+    U, d = rng.standard_normal((n, k)), rng.standard_normal(k)
+    return Case(lo.LowRank(a(U), a(d)), U @ np.diag(d) @ U.T)
+
+
+@_kind("lowrank_orthonormal")
+def _lowrank_orthonormal(draw, rng, n, dtype, kind):
+    a = lambda x: _arr(x, dtype)  # noqa: E731
+    k = draw(st.integers(1, n))
+    U, d = _orthonormal(rng, n, k), np.abs(rng.standard_normal(k))
+    return Case(lo.LowRank(a(U), a(d), orthonormal=True), U @ np.diag(d) @ U.T)
+
+
+@_kind("lowrank_general")
+def _lowrank_general(draw, rng, n, dtype, kind):
+    a = lambda x: _arr(x, dtype)  # noqa: E731
+    k = draw(st.integers(1, n))
+    U, d, V = rng.standard_normal((n, k)), rng.standard_normal(k), rng.standard_normal((n, k))
+    return Case(lo.LowRank(a(U), a(d), a(V)), U @ np.diag(d) @ V.T)
+
+
+@_kind("function")
+def _function(draw, rng, n, dtype, kind):
+    a = lambda x: _arr(x, dtype)  # noqa: E731
+    M = rng.standard_normal((n, n))
+    Mj = a(M)
+    return Case(lo.FunctionOp(lambda v: Mj @ v, (n, n), Mj.dtype), M)
+
+
+@_kind("block_diagonal", sizes=lambda n: n >= 2)
+def _block_diagonal(draw, rng, n, dtype, kind):
+    split = draw(st.integers(1, n - 1))
+    left = draw(operators(split, dtype, kinds=_SIMPLE))
+    right = draw(operators(n - split, dtype, kinds=_SIMPLE))
+    dense = np.zeros((n, n))
+    dense[:split, :split], dense[split:, split:] = left.dense, right.dense
+    return Case(lo.BlockDiagonal([left.op, right.op]), dense)
+
+
+@_kind("kronecker", sizes=lambda n: n in (4, 6))
+def _kronecker(draw, rng, n, dtype, kind):
+    na = 2
+    left = draw(operators(na, dtype, kinds=_SIMPLE))
+    right = draw(operators(n // na, dtype, kinds=_SIMPLE))
+    return Case(lo.Kronecker(left.op, right.op), np.kron(left.dense, right.dense))
+
+
+@_kind("projector_row", "projector_null", "complement")
+def _projector_row(draw, rng, n, dtype, kind):
+    a = lambda x: _arr(x, dtype)  # noqa: E731
+    k = draw(st.integers(1, n))
+    M = rng.standard_normal((k, n))
+    if k >= 2 and draw(st.booleans()):
+        M[-1] = M[0] * 2.0  # rank deficient: the relative cut-off must catch it
+    row = np.linalg.pinv(M) @ M
+    if kind == "projector_row":
+        return Case(lo.ProjectorOp.onto_row_space(a(M)), row)
+    if kind == "projector_null":
+        return Case(lo.ProjectorOp.onto_null_space(a(M)), np.eye(n) - row)
+    return Case(lo.Complement(lo.Dense(a(row), tags={"projector"})), np.eye(n) - row)
+
+
+@_kind("mask", sizes=lambda n: n >= 2)
+def _mask(draw, rng, n, dtype, kind):
+    k = draw(st.integers(1, n - 1))
+    idx = rng.choice(n, size=k, replace=False)
+    S = lo.Selection(jnp.asarray(idx), n, dtype=dtype)
+    dense = np.zeros((n, n))
+    dense[idx, idx] = 1.0
+    return Case(S.T @ S, dense)
+
+
+@_kind("permutation")
+def _permutation(draw, rng, n, dtype, kind):
+    perm = rng.permutation(n)
+    return Case(lo.Selection(jnp.asarray(perm), n, dtype=dtype), np.eye(n)[perm])
+
+
+@_kind("lineax")
+def _lineax(draw, rng, n, dtype, kind):
+    a = lambda x: _arr(x, dtype)  # noqa: E731
+    import lineax as lx
+
+    M = rng.standard_normal((n, n))
+    Mj = a(M)
+    return Case(lo.from_lineax(lx.FunctionLinearOperator(lambda v: Mj @ v, Mj[0])), M)
+
+
+@_kind("eigen", "eigen_psd")
+def _eigen(draw, rng, n, dtype, kind):
+    a = lambda x: _arr(x, dtype)  # noqa: E731
+    Q = _orthonormal(rng, n, n)
+    w = rng.standard_normal(n)
+    w = np.abs(w) + 0.1 if kind == "eigen_psd" else w
+    return Case(lo.EigenDecomposed(lo.Dense(a(Q), tags={"orthogonal"}), a(w)), Q @ np.diag(w) @ Q.T)
+
+
+@_kind("eigen_kronecker", sizes=lambda n: n in (4, 6))
+def _eigen_kronecker(draw, rng, n, dtype, kind):
+    left = draw(operators(2, dtype, kinds=("eigen_psd",)))
+    right = draw(operators(n // 2, dtype, kinds=("eigen_psd", "dense_psd")))
+    E = lo.eigendecompose(lo.Kronecker(left.op, lo.eigendecompose(right.op)))
+    return Case(E, np.kron(left.dense, right.dense))
+
+
+@_kind("cholesky")
+def _cholesky(draw, rng, n, dtype, kind):
+    a = lambda x: _arr(x, dtype)  # noqa: E731
+    M = _spd(rng, n)
+    return Case(lo.Cholesky(a(np.linalg.cholesky(M))), M)
+
+
+@_kind("triangular")
+def _triangular(draw, rng, n, dtype, kind):
+    a = lambda x: _arr(x, dtype)  # noqa: E731
+    L = np.tril(rng.standard_normal((n, n))) + 2.0 * np.eye(n)
+    lower = draw(st.booleans())
+    M = L if lower else L.T
+    return Case(lo.Triangular(a(M), lower=lower), M)
+
+
+@_kind("lu", "inverse_dense")
+def _lu(draw, rng, n, dtype, kind):
+    a = lambda x: _arr(x, dtype)  # noqa: E731
+    M = rng.standard_normal((n, n)) + 3.0 * np.eye(n)
+    if kind == "lu":
+        return Case(lo.factorize(lo.Dense(a(M))), M)
+    return Case(lo.inv(lo.Dense(a(M))), np.linalg.inv(M))
+
+
+@_kind("inverse_spd")
+def _inverse_spd(draw, rng, n, dtype, kind):
+    a = lambda x: _arr(x, dtype)  # noqa: E731
     M = _spd(rng, n)
     return Case(lo.inv(lo.Dense(a(M), tags={"psd"})), np.linalg.inv(M))
 
+
+SQUARE_KINDS = tuple(_KINDS)
+"""The built-in kinds `operators` draws."""
 
 _SIMPLE = ("dense", "dense_psd", "diagonal", "diagonal_positive", "identity", "lowrank_orthonormal", "eigen_psd",
            "cholesky", "triangular")
@@ -277,4 +400,5 @@ def _tree(draw, n, depth, dtype):
     return Case(R.op.T @ M.op @ R.op, R.dense.T @ M.dense @ R.dense)
 
 
-__all__ = ["Case", "SIZES", "SQUARE_KINDS", "expressions", "operators", "rectangular"]
+__all__ = ["Builder", "Case", "SIZES", "SQUARE_KINDS", "expressions", "kinds", "operators", "rectangular",
+           "register_kind"]

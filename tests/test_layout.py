@@ -1,0 +1,114 @@
+"""The layout the architecture promises: an acyclic linops (deferred imports counted), the algebra never
+importing linops.nn, short modules and classes, and no factorisation written in the Laplace code of posteriors."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINOPS = ROOT / "linops"
+
+
+def _modules(package: Path) -> dict[str, Path]:
+    out = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every module of ``modules`` that ``name`` imports, at the top or inside a function."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in modules else target)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {m for m in found if m in modules and m != name}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_import_graph_finds_a_planted_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_linops_has_no_import_cycle_and_the_algebra_never_imports_nn():
+    modules = _modules(LINOPS)
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    assert _cycles(graph) == []
+    algebra = [m for m in modules if not m.startswith("linops.nn") and m not in ("linops", "linops.likelihoods",
+                                                                                   "linops.models")]
+    upward = {m: sorted(d for d in graph[m] if d.startswith("linops.nn")) for m in algebra}
+    assert not {m: d for m, d in upward.items() if d}, "the algebra imports linops.nn"
+
+
+@pytest.mark.parametrize("path", sorted(LINOPS.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_linops_modules_and_classes_stay_short(path):
+    tree = ast.parse(path.read_text())
+    assert len(path.read_text().splitlines()) <= 500
+    long = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(tree)
+            if isinstance(n, ast.ClassDef) and n.end_lineno - n.lineno + 1 > 250}
+    assert not long
+
+
+LAPLACE_CODE = ["_structures.py", "laplace_family.py", "marglik.py", "predictive.py", "subnetwork.py", "gaussian.py"]
+
+
+@pytest.mark.parametrize("name", LAPLACE_CODE)
+def test_the_laplace_code_of_posteriors_writes_no_factorisation(name):
+    """Cholesky, eigendecompositions, solves: linops does them (`lo.factorize`, `lo.eigendecompose`, `lo.inv`)."""
+    calls = []
+    for node in ast.walk(ast.parse((ROOT / "posteriors" / name).read_text())):
+        if isinstance(node, ast.Attribute):
+            chain, inner = [node.attr], node.value
+            while isinstance(inner, ast.Attribute):
+                chain.append(inner.attr)
+                inner = inner.value
+            if isinstance(inner, ast.Name):
+                chain.append(inner.id)
+            dotted = ".".join(reversed(chain))
+            if any(p in dotted for p in ("linalg.", "scipy.linalg", "jsl.")):
+                calls.append(dotted)
+    assert not calls
