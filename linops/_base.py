@@ -160,6 +160,12 @@ class LinearOperator(eqx.Module):
         """The operator with every entry squared, ``A o A``, where the structure keeps it."""
         return NotImplemented
 
+    def _woodbury_part(self):
+        """What this operator is as a term of a diagonal-plus-low-rank sum (`linops._woodbury`):
+        ``("diagonal", d)`` (``d`` a vector or a scalar), ``("lowrank", leaf)`` (a `LowRank`),
+        ``("zero",)``; NotImplemented for anything else."""
+        return NotImplemented
+
     # --- structure used by simplify and by the tag rules ---------------------------
 
     def children(self) -> tuple[LinearOperator, ...]:
@@ -260,7 +266,7 @@ class LinearOperator(eqx.Module):
 
 
 CLOSED_FORMS = ("_diag", "_solve", "_inv", "_pinv", "_sqrt", "_logdet", "_eigh", "_trace", "_root", "_factorize",
-                "_eigendecompose", "_eigvalsh", "_shift", "_hadamard_square")
+                "_eigendecompose", "_eigvalsh", "_shift", "_hadamard_square", "_woodbury_part")
 """The structure hooks: each returns its closed form or ``NotImplemented`` (a wrapper forwards all of them)."""
 
 

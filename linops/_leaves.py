@@ -219,6 +219,9 @@ class Diagonal(LinearOperator):
     def _eigendecompose(self):
         return EigenDecomposed(Identity(self.shape[0], self.dtype), self.d, nonnegative=self.nonnegative or None)
 
+    def _woodbury_part(self):
+        return ("diagonal", self.d)
+
     def _hadamard_square(self):
         return Diagonal(self.d**2, nonnegative=True)
 
@@ -266,6 +269,9 @@ class Identity(LinearOperator):
 
     def _eigendecompose(self):
         return EigenDecomposed(self, jnp.ones(self.n, self.dtype), nonnegative=True)
+
+    def _woodbury_part(self):
+        return ("diagonal", 1.0)
 
     def _hadamard_square(self):
         return self
@@ -324,6 +330,9 @@ class Zero(LinearOperator):
 
     def _pinv(self, rtol):
         return Zero(self.n, self.m, self.dtype)
+
+    def _woodbury_part(self):
+        return ("zero",)
 
     def _hadamard_square(self):
         return self

@@ -101,6 +101,9 @@ class LowRank(LinearOperator):
             return LowRank(self.U, jnp.sqrt(self.d), orthonormal=True, nonnegative=True)
         return NotImplemented
 
+    def _woodbury_part(self):
+        return ("lowrank", self)  # subclasses (LanczosLowRankOp) inherit it
+
     def _pinv(self, rtol):
         if self.symmetric and self.orthonormal:
             return LowRank(self.U, cutoff_inverse(self.d, rtol, self.shape), orthonormal=True,

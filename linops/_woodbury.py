@@ -1,8 +1,10 @@
 r"""Closed forms for diagonal-plus-low-rank sums $D + U C V^\top$ (Woodbury, determinant lemma).
 
-Sums of `Identity`, `Diagonal`, `LowRank` and their scalings are recognised; nothing
-``n x n`` is ever formed. The ``k x k`` capacitance is $K = I + V^\top D^{-1} U C$, which
-stays well-defined when entries of $C$ are zero (no $C^{-1}$ is needed).
+A sum's terms say what they are through the hook ``_woodbury_part`` (a diagonal, a low-rank
+term, zero; `Identity`, `Diagonal`, `LowRank` and its subclasses, `Zero` implement it); sums and
+scalings of such terms are recognised, and nothing ``n x n`` is ever formed. The ``k x k``
+capacitance is $K = I + V^\top D^{-1} U C$, which stays well-defined when entries of $C$ are
+zero (no $C^{-1}$ is needed).
 """
 
 from __future__ import annotations
@@ -11,22 +13,23 @@ import jax.numpy as jnp
 
 from linops import _tags
 from linops._composite import Product, Scaled, Sum, register_sum_closed_form
-from linops._leaves import Dense, Diagonal, Identity, Zero
+from linops._leaves import Dense, Diagonal, Identity
 from linops._structured import LowRank, Selection
 
 
 def _terms(op, scale=1.0):
-    """Yield ``(kind, scale, leaf)`` for the flattened terms of a sum, or raise KeyError."""
+    """Yield ``(part, scale)`` for the flattened terms of a sum (``part`` from ``_woodbury_part``), or raise
+    KeyError for a term that is none of them."""
     if isinstance(op, Sum):
         for t in op.terms:
             yield from _terms(t, scale)
     elif isinstance(op, Scaled):
         yield from _terms(op.op, scale * op.scalar)
-    elif isinstance(op, (Identity, Diagonal, LowRank, Zero)):
-        # The base kind, so subclasses (e.g. LanczosLowRankOp) take their parent's closed forms.
-        yield next(k for k in (LowRank, Diagonal, Identity, Zero) if isinstance(op, k)), scale, op
     else:
-        raise KeyError(type(op).__name__)
+        part = op._woodbury_part()
+        if part is NotImplemented:
+            raise KeyError(type(op).__name__)
+        yield part, scale
 
 
 def split(op):
@@ -41,14 +44,15 @@ def split(op):
     except KeyError:
         return None
     D, scalar_D, lowrank = None, True, []
-    for kind, c, leaf in terms:
-        if kind is Zero:
+    for (kind, *value), c in terms:
+        if kind == "zero":
             continue
-        if kind is LowRank:
+        if kind == "lowrank":
+            leaf = value[0]
             lowrank.append((leaf.U, c * leaf.d, leaf.Vm, leaf))
             continue
-        part = c if kind is Identity else c * leaf.d
-        scalar_D = scalar_D and kind is Identity
+        part = c * value[0]
+        scalar_D = scalar_D and jnp.ndim(value[0]) == 0
         D = part if D is None else D + part
     if D is None:
         return None

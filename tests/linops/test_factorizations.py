@@ -269,3 +269,16 @@ def test_factorised_leaves_match_their_dense_reference(case):
     if "psd" in case.op.tags:
         Rm = lo.root(case.op).as_matrix()
         assert_close(Rm @ Rm.T, case.dense, rtol=1e-6)
+
+
+def test_a_sum_takes_woodbury_from_what_its_terms_declare():
+    """Terms declare their Woodbury part (`_woodbury_part`): a lowered diagonal or a Lanczos factor counts."""
+    d = RNG.uniform(1.0, 2.0, 5)
+    U = RNG.standard_normal((5, 2))
+    A = lo.lower(lo.Diagonal(jnp.asarray(d))) + lo.LowRank(jnp.asarray(U), jnp.array([2.0, 0.5]))
+    dense = np.diag(d) + U @ np.diag([2.0, 0.5]) @ U.T
+    b = jnp.asarray(RNG.standard_normal(5))
+    assert_close(lo.solve(A, b).value, np.linalg.solve(dense, b))
+    assert_close(lo.logdet(A), np.linalg.slogdet(dense)[1])
+    with pytest.raises(ValueError, match="no closed form"):
+        lo.solve(lo.Dense(jnp.asarray(dense)) + lo.LowRank(jnp.asarray(U), jnp.ones(2)), b)
