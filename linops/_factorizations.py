@@ -32,6 +32,9 @@ class Triangular(LinearOperator):
     Args:
         matrix: an ``(n, n)`` array; only the triangle named by ``lower`` is read.
         lower: whether ``matrix`` is lower (True) or upper (False) triangular.
+        zero_other_triangle: zero the other triangle (a copy of the matrix); pass False for a matrix
+            whose other triangle is zero already (a factor from `jax.numpy.linalg.cholesky`), to
+            keep one ``n x n`` array instead of two.
 
     Example:
         >>> import jax.numpy as jnp, linops as lo
@@ -45,11 +48,14 @@ class Triangular(LinearOperator):
     transposed: bool = eqx.field(static=True)
     uid: object = eqx.field(static=True)
 
-    def __init__(self, matrix, lower: bool = True, *, transposed: bool = False, uid=None):
+    def __init__(self, matrix, lower: bool = True, *, transposed: bool = False, uid=None,
+                 zero_other_triangle: bool = True):
         matrix = as_matrix_array(matrix, "Triangular", 2)
         if matrix.shape[0] != matrix.shape[1]:
             raise ValueError(f"Triangular: expected a square matrix, got shape {tuple(matrix.shape)}")
-        self.matrix = jnp.tril(matrix) if lower else jnp.triu(matrix)
+        if zero_other_triangle:
+            matrix = jnp.tril(matrix) if lower else jnp.triu(matrix)
+        self.matrix = matrix
         self.lower = bool(lower)
         self.transposed = bool(transposed)
         self.uid = new_key() if uid is None else uid
@@ -86,7 +92,8 @@ class Triangular(LinearOperator):
     rmm = rmv
 
     def transpose(self):
-        return Triangular(self.matrix, self.lower, transposed=not self.transposed, uid=self.uid)
+        return Triangular(self.matrix, self.lower, transposed=not self.transposed, uid=self.uid,
+                          zero_other_triangle=False)
 
     def as_matrix(self):
         return self.matrix.T if self.transposed else self.matrix
@@ -140,7 +147,7 @@ class Cholesky(LinearOperator):
         """Factorise a PSD operator (materialised: ``A.as_matrix()``, which checks the memory first)."""
         if _tags.psd not in A.tags:
             raise ValueError(f"Cholesky.of: {describe(A)} is not tagged psd (its tags: {sorted(A.tags)})")
-        return cls(Triangular(jnp.linalg.cholesky(A.as_matrix()), lower=True))
+        return cls(Triangular(jnp.linalg.cholesky(A.as_matrix()), lower=True, zero_other_triangle=False))
 
     @property
     def shape(self):

@@ -134,14 +134,14 @@ class Dense(LinearOperator):
 
     def _factorize(self):
         if _tags.psd in self.declared:
-            return Cholesky(Triangular(jnp.linalg.cholesky(self.matrix), lower=True))
+            return Cholesky(Triangular(jnp.linalg.cholesky(self.matrix), lower=True, zero_other_triangle=False))
         return LU(*jsl.lu_factor(self.matrix))
 
     def _root(self):
         # A Cholesky factor: a fraction of the principal root's cost, and all a sample needs.
         if _tags.psd not in self.declared:
             return NotImplemented
-        return Triangular(jnp.linalg.cholesky(self.matrix), lower=True)
+        return Triangular(jnp.linalg.cholesky(self.matrix), lower=True, zero_other_triangle=False)
 
 
 _INV_KEEPS = frozenset({_tags.symmetric, _tags.psd, _tags.diagonal, _tags.orthogonal})

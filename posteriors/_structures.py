@@ -127,7 +127,8 @@ class FullGGN(StructuredGGN):
         return lo.Dense(self._Lambda(alpha, scale), tags={"psd"})
 
     def covariance(self, alpha, scale, factor):
-        return lo.inv(lo.Cholesky(factor))  # two triangular solves per product
+        # two triangular solves per product; the factor came from a Cholesky: nothing to zero (no P x P copy)
+        return lo.inv(lo.Cholesky(lo.Triangular(factor, lower=True, zero_other_triangle=False)))
 
     def logdet(self, alpha, scale):
         return lo.logdet(lo.factorize(self.precision(alpha, scale)))

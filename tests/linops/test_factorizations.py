@@ -116,6 +116,9 @@ def test_triangular_products_solves_and_transpose(lower):
     assert_close(lo.solve(T.T, v).value, np.linalg.solve(M.T, v))
     assert_close(lo.logdet(T), np.linalg.slogdet(M)[1])
     assert T.T.is_lower == (not lower)
+    assert T.T.matrix is T.matrix  # a transpose reads the same array, no copy
+    clean = jnp.asarray(M)
+    assert lo.Triangular(clean, lower=lower, zero_other_triangle=False).matrix is clean
     with pytest.raises(ValueError, match="square"):
         lo.Triangular(jnp.ones((2, 3)))
 
