@@ -115,13 +115,16 @@ class Triangular(LinearOperator):
 class Cholesky(LinearOperator):
     r"""A symmetric positive definite $A$ held as its Cholesky factor: $A = L L^\top$.
 
+    The factor may also be upper triangular ($A = R R^\top$, as for the inverse of a Cholesky-held
+    matrix, which `linops.diag` of `linops.inv` uses).
+
     Build it with `Cholesky.of` (or `linops.factorize` on a PSD `Dense`); products apply
     $L (L^\top v)$, solves are two triangular solves, $\log\det A = 2\sum_i \log L_{ii}$, and
     `linops.root` gives $L$ itself (for sampling $\mathcal N(0, A)$, or $\mathcal N(0, A^{-1})$
     through $L^{-\top}$).
 
     Args:
-        factor: the lower-triangular ``(n, n)`` factor $L$.
+        factor: the triangular ``(n, n)`` factor (a `Triangular`, or an array taken as lower triangular).
 
     Example:
         >>> import jax.numpy as jnp, linops as lo
@@ -138,8 +141,6 @@ class Cholesky(LinearOperator):
 
     def __init__(self, factor):
         self.factor = factor if isinstance(factor, Triangular) else Triangular(factor, lower=True)
-        if not self.factor.is_lower:
-            raise ValueError(f"Cholesky: expected a lower-triangular factor, got an upper one ({describe(factor)})")
         self.uid = new_key()
 
     @classmethod
@@ -166,8 +167,8 @@ class Cholesky(LinearOperator):
 
     mm = rmv = rmm = mv
 
-    def _diag(self):
-        return jnp.sum(self.factor.matrix**2, axis=1)
+    def _diag(self):  # the squared norms of the rows of the factor R (columns of the stored array if transposed)
+        return jnp.sum(self.factor.matrix**2, axis=0 if self.factor.transposed else 1)
 
     def _solve(self, b):
         return self.factor.T._solve(self.factor._solve(b))
@@ -177,6 +178,13 @@ class Cholesky(LinearOperator):
 
     def _root(self):
         return self.factor
+
+    def _inv(self):
+        r"""$A^{-1} = R^{-\top} (R^{-\top})^\top$ held the same way, $R^{-\top}$ triangular (``n`` triangular solves,
+        as `Dense._inv` costs an LU): what an exact ``diag(inv(A))`` needs; products with `linops.inv` never form it."""
+        R = self.factor
+        stored_inverse = jsl.solve_triangular(R.matrix, jnp.eye(self.shape[0], dtype=self.dtype), lower=R.lower)
+        return Cholesky(Triangular(stored_inverse, R.lower, transposed=not R.transposed, zero_other_triangle=False))
 
     def _factorize(self):
         return self

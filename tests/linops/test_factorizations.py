@@ -132,6 +132,10 @@ def test_cholesky_and_lu_hold_their_factorisation():
     assert_close(lo.solve(C, b).value, np.linalg.solve(M, b))
     assert_close(lo.logdet(C), np.linalg.slogdet(M)[1])
     assert "psd" in C.tags and lo.factorize(C) is C
+    assert_close(lo.diag(lo.inv(C)), np.diag(np.linalg.inv(M)))        # through the inverse's own factor
+    assert_close(lo.inv(C).as_matrix(), np.linalg.inv(M))
+    assert_close(C._inv().as_matrix(), np.linalg.inv(M))
+    assert_close(lo.logdet(C._inv()), -np.linalg.slogdet(M)[1])
     with pytest.raises(ValueError, match="not tagged psd"):
         lo.Cholesky.of(lo.Dense(jnp.asarray(M)))
     N = RNG.standard_normal((6, 6))

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
+import linops as lo
 import posteriors as pst
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import ravel
@@ -63,6 +64,7 @@ def test_bayesian_linear_regression_is_exact(structure):
     post = pst.laplace(_dense, params, (jnp.asarray(X), jnp.asarray(y)[:, None]), Gaussian(SIGMA),
                        structure=structure, prior_precision=ALPHA, **kw)
     assert_close(post.covariance.as_matrix(), cov, rtol=1e-9, atol=1e-12)
+    assert_close(lo.diag(post.covariance), np.diag(cov), rtol=1e-9, atol=1e-12)  # marginal variances, closed form
     if structure != "lowrank":  # a LowRank precision has no dense form here; its logdet is the check
         assert_close(np.linalg.inv(np.asarray(post.precision.as_matrix())), cov, rtol=1e-9, atol=1e-12)
     assert_close(pst.marginal_log_likelihood(post), evidence, rtol=1e-10)
