@@ -50,8 +50,9 @@ def _jacobian_rows(fn, params, X):
 
 
 def _quadratic_rows(post, J):
-    """``diag(J Σ Jᵀ)`` from a Laplace structure's own accurate form, or None."""
-    if not isinstance(post, LaplacePosterior) or post.subset is not None:
+    """``diag(J Σ Jᵀ)`` from a Laplace structure's own accurate form, or None. ``J``'s columns are the
+    posterior's own parameters (a last layer's or a subnetwork's alone: `_parts`), those of its GGN."""
+    if not isinstance(post, LaplacePosterior):
         return None
     return post.ggn.quadratic_rows(J, post.prior_precision, post.noise_scale, post.factor)
 
