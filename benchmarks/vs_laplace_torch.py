@@ -576,13 +576,12 @@ def reading(report):
 
 NOTES = [
     "- *full* (P = 9,706): both libraries do O(P³) dense work. Ours forms the GGN from the N·O rows of the "
-    "Hessian-factor Jacobians (2·N·O·P² flops, one matrix product), then a Cholesky factor and the explicit "
-    "covariance by `cho_solve(L, I)` (about 2P³ more). laplace-torch's curvlinops backend multiplies the GGN into "
+    "Hessian-factor Jacobians (2·N·O·P² flops, one matrix product), then the Cholesky factor of the precision "
+    "(P³/3; no covariance is formed). laplace-torch's curvlinops backend multiplies the GGN into "
     "`torch.eye(P)` by Jacobian-vector and vector-Jacobian products (about 4·N·P² flops, O/2 = 5 times fewer "
     "than the rows' product for O = 10 classes) and defers its Cholesky factor to the first predictive. Its every "
-    "predictive then recomputes `scale @ scale.T` (2P³) before `J Σ Jᵀ` (2·M·O·P²), ours the latter only: "
-    "1 + P/(M·O) ≈ 4.8 times the flops here, so the predictive ratio stays well below the goal's 10 as long as "
-    "ours multiplies by the dense Σ (a triangular solve with the Cholesky factor, M·O·P² flops, would halve it).",
+    "predictive then recomputes `scale @ scale.T` (2P³) before `J Σ Jᵀ` (2·M·O·P²); ours solves L⁻¹Jᵀ "
+    "(M·O·P² flops) and sums squares.",
     "- *diag*: our exact diagonal comes from the N·O reverse passes of the Hessian-factor rows, squared and "
     "summed per batch; laplace-torch materialises each batch's Jacobian (B·O × P) with `torch.func.jacrev`. Both "
     "predictives materialise the test Jacobian (M·O × P), by per-row reverse passes (ours) or `jacrev` (theirs).",
