@@ -27,7 +27,9 @@ def _check_op(A, what):
         raise TypeError(f"{what}: expected a linops.LinearOperator, got {type(A).__name__}")
 
 
-_closed_form = closed_form
+def _check_symmetric(A, what):
+    if _tags.symmetric not in A.tags:
+        raise ValueError(f"{what}: {describe(A)} is not tagged symmetric (its tags: {sorted(A.tags)})")
 
 
 def _check_method(what, method, allowed):
@@ -174,7 +176,7 @@ def root(A: LinearOperator) -> LinearOperator:
     if _tags.psd not in A.tags:
         raise ValueError(f"root: {describe(A)} is not tagged psd (its tags: {sorted(A.tags)}); a square-root factor "
                          "exists for PSD operators only")
-    return _closed_form(A._root(), A, "root", "lo.sqrt(A, method='dense')")
+    return closed_form(A._root(), A, "root", "lo.sqrt(A, method='dense')")
 
 
 def eigendecompose(A: LinearOperator) -> LinearOperator:
@@ -193,11 +195,10 @@ def eigendecompose(A: LinearOperator) -> LinearOperator:
     """
     _check_op(A, "eigendecompose")
     check_square(A, "eigendecompose")
-    if _tags.symmetric not in A.tags:
-        raise ValueError(f"eigendecompose: {describe(A)} is not tagged symmetric (its tags: {sorted(A.tags)})")
+    _check_symmetric(A, "eigendecompose")
     E = A._eigendecompose()
     if E is NotImplemented:
-        wq = _closed_form(A._eigh(), A, "eigendecompose", "lo.Dense(A.as_matrix(), tags={'symmetric'})")
+        wq = closed_form(A._eigh(), A, "eigendecompose", "lo.Dense(A.as_matrix(), tags={'symmetric'})")
         E = EigenDecomposed(wq[1], wq[0], nonnegative=True if _tags.psd in A.tags else None)
     return E
 
@@ -213,10 +214,9 @@ def eigvalsh(A: LinearOperator, *, method: str | None = None) -> Float[Array, " 
     _check_op(A, "eigvalsh")
     check_square(A, "eigvalsh")
     _check_method("eigvalsh", method, (None, "dense"))
-    if _tags.symmetric not in A.tags:
-        raise ValueError(f"eigvalsh: {describe(A)} is not tagged symmetric (its tags: {sorted(A.tags)})")
+    _check_symmetric(A, "eigvalsh")
     if method is None:
-        return _closed_form(A._eigvalsh(), A, "eigvalsh", "method='dense'")
+        return closed_form(A._eigvalsh(), A, "eigvalsh", "method='dense'")
     return jnp.linalg.eigvalsh(A.as_matrix())
 
 
@@ -234,7 +234,7 @@ def pinv(A: LinearOperator, *, rtol: float | None = None, method: str | None = N
     _check_op(A, "pinv")
     _check_method("pinv", method, (None, "dense"))
     if method is None:
-        return _closed_form(A._pinv(rtol), A, "pinv", "method='dense'")
+        return closed_form(A._pinv(rtol), A, "pinv", "method='dense'")
     return Dense(A.as_matrix(), tags=A.tags & {_tags.symmetric})._pinv(rtol)
 
 
@@ -258,7 +258,7 @@ def sqrt(A: LinearOperator, *, method: str | None = None) -> LinearOperator:
             "square root is defined here for PSD operators only"
         )
     if method is None:
-        return _closed_form(A._sqrt(), A, "sqrt", "method='dense'")
+        return closed_form(A._sqrt(), A, "sqrt", "method='dense'")
     return Dense(A.as_matrix(), tags={_tags.psd})._sqrt()
 
 
@@ -302,7 +302,7 @@ def diag(
     _check_op(A, "diag")
     _check_method("diag", method, (None, "exact", "hutchinson"))
     if method is None:
-        return _closed_form(A._diag(), A, "diag", "method='exact' (n products) or method='hutchinson' (with key)")
+        return closed_form(A._diag(), A, "diag", "method='exact' (n products) or method='hutchinson' (with key)")
     check_square(A, f"diag(method={method!r})")
     if method == "exact":
         pick = lambda A, E, cols: jnp.take_along_axis(A.mm(E), jnp.minimum(cols, A.shape[0] - 1)[None, :], 0)[0]  # noqa: E731
@@ -333,7 +333,7 @@ def trace(
     check_square(A, "trace")
     _check_method("trace", method, (None, "exact", "hutchinson"))
     if method is None:
-        return _closed_form(A._trace(), A, "trace", "method='exact' (n products) or method='hutchinson' (with key)")
+        return closed_form(A._trace(), A, "trace", "method='exact' (n products) or method='hutchinson' (with key)")
     if method == "exact":
         return jnp.sum(diag(A, method="exact"))
     return hutchinson(A, key, num_samples).value
@@ -399,7 +399,7 @@ def logdet(A: LinearOperator, *, method: str | None = None) -> Float[Array, ""]:
     check_square(A, "logdet")
     _check_method("logdet", method, (None, "dense"))
     if method is None:
-        return _closed_form(A._logdet(), A, "logdet", "method='dense'")
+        return closed_form(A._logdet(), A, "logdet", "method='dense'")
     return Dense(A.as_matrix(), tags=A.tags & {_tags.psd})._logdet()
 
 
@@ -419,14 +419,13 @@ def eigh(A: LinearOperator, *, method: str | None = None) -> tuple[Float[Array, 
     _check_op(A, "eigh")
     check_square(A, "eigh")
     _check_method("eigh", method, (None, "dense"))
-    if _tags.symmetric not in A.tags:
-        raise ValueError(f"eigh: {describe(A)} is not tagged symmetric (its tags: {sorted(A.tags)})")
+    _check_symmetric(A, "eigh")
     if method is None:
         wq = A._eigh()
         if wq is NotImplemented and (E := A._eigendecompose()) is not NotImplemented:
             order = jnp.argsort(E.w)
             wq = E.w[order], E.Q @ Selection(order, E.w.shape[0], is_permutation=True).T
-        return _closed_form(wq, A, "eigh", "method='dense'")
+        return closed_form(wq, A, "eigh", "method='dense'")
     return Dense(A.as_matrix(), tags={_tags.symmetric})._eigh()
 
 

@@ -265,21 +265,22 @@ class BlockDiagonal(LinearOperator):
         outs = self._per_block("_logdet")
         return outs if outs is NotImplemented else sum(outs)
 
-    def _pinv(self, rtol):
-        outs = self._per_block("_pinv", rtol)
+    def _blockwise(self, method, *args):
+        """``diag(f(A_1), ..., f(A_k))`` for a hook ``f`` every block has, else NotImplemented."""
+        outs = self._per_block(method, *args)
         return outs if outs is NotImplemented else BlockDiagonal(outs)
+
+    def _pinv(self, rtol):
+        return self._blockwise("_pinv", rtol)
 
     def _sqrt(self):
-        outs = self._per_block("_sqrt")
-        return outs if outs is NotImplemented else BlockDiagonal(outs)
+        return self._blockwise("_sqrt")
 
     def _root(self):
-        outs = self._per_block("_root")
-        return outs if outs is NotImplemented else BlockDiagonal(outs)
+        return self._blockwise("_root")
 
     def _hadamard_square(self):
-        outs = self._per_block("_hadamard_square")
-        return outs if outs is NotImplemented else BlockDiagonal(outs)
+        return self._blockwise("_hadamard_square")
 
     def _eigendecompose(self):
         outs = self._per_block("_eigendecompose")
