@@ -42,6 +42,7 @@ class FitRequest(NamedTuple):
     key: Any
     kfac_fallback: str | None
     who: str
+    kfac_approximation: str = "expand"
 
 
 REGISTRY: dict[str, type] = {}
@@ -200,21 +201,25 @@ class LowRankGGN(StructuredGGN):
 class KFACGGN(StructuredGGN):
     """Per leaf an eigen-decomposed curvature block $Q \\operatorname{diag}(w) Q^\\top$ (`linops.EigenDecomposed`),
     $Q$ the Kronecker product of the eigenvectors in ``eigenvectors`` (two factors for a weight, one for a bias
-    block, none (the identity) for the exact diagonal of a leaf outside any dense layer). One prior precision per
-    leaf shifts each block's eigenvalues."""
+    block, none (the identity) for the exact diagonal of a leaf in no recognised layer; a grouped convolution's
+    factors carry a leading group axis, $Q$ block-diagonal over the groups). One prior precision per leaf shifts
+    each block's eigenvalues. ``diagonal_leaves`` names the leaves given the exact GGN diagonal."""
 
-    eigenvectors: tuple  # per leaf: a tuple of orthogonal matrices, Q their Kronecker product
+    eigenvectors: tuple  # per leaf: a tuple of orthogonal matrices (or stacks of them, one per group)
     eigenvalues: tuple  # per leaf: w >= 0
     sizes: tuple = eqx.field(static=True)
+    diagonal_leaves: tuple = eqx.field(static=True, default=())
+    approximation: str = eqx.field(static=True, default="expand")
 
     @classmethod
     def fit(cls, r):
-        K = lo.kfac(r.fn, r.params, *r.data, r.likelihood, batch_size=r.batch_size, mesh=r.mesh)
-        if K.other_leaves and r.kfac_fallback != "diag":
-            names = [path_string(p) for p, _ in jax.tree_util.tree_flatten_with_path(r.params)[0]]
-            raise ValueError(f"{r.who}(structure='kfac'): parameters outside any dense layer have no Kronecker "
-                             f"factors: {[names[i] for i in K.other_leaves]}; pass kfac_fallback='diag' to give them "
-                             "the exact GGN diagonal")
+        K = lo.kfac(r.fn, r.params, *r.data, r.likelihood, approximation=r.kfac_approximation,
+                    batch_size=r.batch_size, mesh=r.mesh)
+        names = [path_string(p) for p, _ in jax.tree_util.tree_flatten_with_path(r.params)[0]]
+        if K.other_leaves and r.kfac_fallback in (None, "error"):
+            raise ValueError(f"{r.who}(structure='kfac'): parameters outside any dense or convolutional layer have no "
+                             f"Kronecker factors: {[names[i] for i in K.other_leaves]}; kfac_fallback='diag' (the "
+                             "default) gives them the exact GGN diagonal")
         diag = lo.diag(r.G) if K.other_leaves else None
         # per leaf, the eigendecompositions of its Kronecker factors (round-off leaves tiny negative eigenvalues of
         # a PSD factor: clipped); Q is their Kronecker product, w the Kronecker product of their eigenvalues
@@ -226,19 +231,32 @@ class KFACGGN(StructuredGGN):
         eigenvectors, eigenvalues = [], []
         starts = np.concatenate([[0], np.cumsum(K.leaf_sizes)])
         for i, fs in enumerate(factors):
-            if fs is None:  # outside any dense layer: the exact GGN diagonal, eigenvectors the identity
+            if fs is None:  # in no recognised layer: the exact GGN diagonal, eigenvectors the identity
                 eigenvectors.append(())
                 eigenvalues.append(jnp.clip(diag[starts[i]:starts[i + 1]], 0.0))
+                continue
+            if fs[0].ndim == 3:  # a grouped convolution: one pair of factors per group
+                Es = [[lo.eigendecompose(lo.Dense(F[g], tags={"psd"})) for g in range(F.shape[0])] for F in fs]
+                eigenvectors.append(tuple(jnp.stack([E.Q.matrix for E in per]) for per in Es))
+                eigenvalues.append(jnp.concatenate([jnp.kron(*(jnp.clip(per[g].w, 0.0) for per in Es))
+                                                    for g in range(fs[0].shape[0])]))
                 continue
             Es = [lo.eigendecompose(lo.Dense(F, tags={"psd"})) for F in fs]
             eigenvectors.append(tuple(E.Q.matrix for E in Es))
             eigenvalues.append(functools.reduce(jnp.kron, [jnp.clip(E.w, 0.0) for E in Es]))
-        return cls(tuple(eigenvectors), tuple(eigenvalues), K.leaf_sizes)
+        return cls(tuple(eigenvectors), tuple(eigenvalues), K.leaf_sizes,
+                   tuple(names[i] for i in K.other_leaves), K.approximation)
 
     def block(self, i, w) -> lo.EigenDecomposed:
         """Leaf ``i``'s block with eigenvalues ``w``."""
-        Qs = [lo.Dense(Q, tags={"orthogonal"}) for Q in self.eigenvectors[i]]
-        Q = functools.reduce(lo.Kronecker, Qs) if Qs else lo.Identity(self.sizes[i], w.dtype)
+        vectors = self.eigenvectors[i]
+        if vectors and vectors[0].ndim == 3:  # per group
+            Q = lo.BlockDiagonal([functools.reduce(lo.Kronecker, [lo.Dense(V[g], tags={"orthogonal"})
+                                                                  for V in vectors])
+                                  for g in range(vectors[0].shape[0])])
+        else:
+            Qs = [lo.Dense(V, tags={"orthogonal"}) for V in vectors]
+            Q = functools.reduce(lo.Kronecker, Qs) if Qs else lo.Identity(self.sizes[i], w.dtype)
         return lo.EigenDecomposed(Q, w, nonnegative=True)
 
     def _leaf_alpha(self, alpha):

@@ -172,32 +172,42 @@ def _canonical_prior(prior, params, subset, structure, ggn, who):
     return alpha
 
 
-def last_layer_leaves(params, last_layer=None) -> list[int]:
-    """Leaf indices of the last layer: all leaves under the parent of the last 2-D leaf (an
-    Equinox MLP's ``layers[-1]``), or under the path prefix ``last_layer`` (``"layers.2"``).
+def last_layer_leaves(params, last_layer=None, *, fn=None, x=None) -> list[int]:
+    """Leaf indices of the last layer: the weight and bias of the last dense layer in ``fn``'s traced program
+    on one example ``x`` (`linops.nn.find_layers`: after any pooling or normalisation, for any model), or the
+    leaves under the path prefix ``last_layer`` (``"layers.2"``). Without ``fn``: the leaves under the parent
+    of the last 2-D leaf (an Equinox MLP's ``layers[-1]``; a Flax NNX layer's ``kernel`` and ``bias``).
 
     Example:
         >>> import jax, equinox as eqx
         >>> from posteriors.laplace_family import last_layer_leaves
         >>> from linops.models import from_equinox
-        >>> _, params = from_equinox(eqx.nn.MLP(2, 3, 8, 2, key=jax.random.key(0)))
+        >>> fn, params = from_equinox(eqx.nn.MLP(2, 3, 8, 2, key=jax.random.key(0)))
         >>> last_layer_leaves(params), last_layer_leaves(params, "layers.1")
         ([4, 5], [2, 3])
+        >>> last_layer_leaves(params, fn=fn, x=jax.numpy.ones(2))
+        [4, 5]
     """
     with_paths = jax.tree_util.tree_flatten_with_path(params)[0]
     names = [S.path_string(p) for p, _ in with_paths]
-    if last_layer is None:
-        matrices = [i for i, (_, leaf) in enumerate(with_paths) if jnp.ndim(leaf) == 2]
-        if not matrices:
-            raise ValueError("last_layer: params have no 2-D leaf (a weight matrix); name the layer: "
-                             f"last_layer='<path prefix>', paths: {names}")
-        prefix = with_paths[matrices[-1]][0][:-1]
-        chosen = [i for i, (p, _) in enumerate(with_paths) if p[: len(prefix)] == prefix]
-    else:
+    if last_layer is not None:
         chosen = [i for i, name in enumerate(names) if name == last_layer or name.startswith(last_layer + ".")]
         if not chosen:
             raise ValueError(f"last_layer: no parameter path starts with {last_layer!r}; paths: {names}")
-    return chosen
+        return chosen
+    if fn is not None:
+        dense = [L for L in lo.nn.find_layers(fn, params, x) if L.kind == "dense"]
+        if dense:
+            return sorted(i for i in (dense[-1].weight, dense[-1].bias) if i is not None)
+    matrices = [i for i, (_, leaf) in enumerate(with_paths) if jnp.ndim(leaf) == 2]
+    if not matrices:
+        raise ValueError("last_layer: found no dense layer in fn's program and params have no 2-D leaf (a weight "
+                         f"matrix); name the layer: last_layer='<path prefix>', paths: {names}")
+    path = with_paths[matrices[-1]][0]
+    if getattr(path[-1], "name", None) == "value" or getattr(path[-1], "key", None) == "value":
+        path = path[:-1]  # a Flax NNX variable's ``.value``: the layer is one level up
+    prefix = path[:-1]
+    return [i for i, (p, _) in enumerate(with_paths) if p[: len(prefix)] == prefix]
 
 
 def _submodel(fn, params, chosen):
@@ -219,7 +229,7 @@ def _submodel(fn, params, chosen):
 def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: str = "full", prior_precision=1.0,
             batch_size: int | None = None, rank: int | None = None, num_steps: int | None = None,
             key: jax.Array | None = None, last_layer: str | None = None,
-            kfac_fallback: str | None = None, mesh=None) -> LaplacePosterior:
+            kfac_fallback: str | None = "diag", kfac_approximation: str = "expand", mesh=None) -> LaplacePosterior:
     r"""The linearised Laplace posterior $\mathcal N(\theta^*, (G + \operatorname{diag}\alpha)^{-1})$.
 
     Args:
@@ -227,11 +237,11 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
         data: the training ``(inputs, targets)``.
         likelihood: a `linops.likelihoods.Likelihood`.
         structure: ``"full"`` (dense GGN, Cholesky; refused before any work when it cannot fit),
-            ``"diag"`` (exact GGN diagonal), ``"last_layer"`` (the full GGN of the last layer's
-            parameters, found automatically or named by ``last_layer``; the rest stays at
+            ``"diag"`` (exact GGN diagonal), ``"last_layer"`` (the full GGN of the last dense layer's
+            weight and bias, found in ``fn``'s program or named by ``last_layer``; the rest stays at
             $\theta^*$), ``"lowrank"`` (the top ``rank`` GGN eigenpairs by Lanczos, Woodbury,
-            never ``P x P``; needs ``key``) or ``"kfac"`` (Kronecker factors per dense layer,
-            `linops.kfac`).
+            never ``P x P``; needs ``key``) or ``"kfac"`` (Kronecker factors per dense and
+            convolutional layer, `linops.kfac`).
         prior_precision: $\alpha$: a positive scalar, one per parameter (``(P,)`` or a
             params-shaped pytree of arrays), or one per leaf (a params-shaped pytree of
             scalars). ``"kfac"`` takes one per leaf at most.
@@ -239,10 +249,13 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
         rank: ``"lowrank"``'s number of eigenpairs.
         num_steps: ``"lowrank"``'s Lanczos steps (default ``min(P, 2 rank + 10)``).
         key: ``"lowrank"``'s PRNG key of the Lanczos start vector.
-        last_layer: ``"last_layer"``'s path prefix (e.g. ``"layers.2"``; default: the leaves
-            under the parent of the last 2-D leaf).
-        kfac_fallback: ``"diag"`` gives parameters outside any dense layer the exact GGN diagonal
-            under ``"kfac"`` (default: refuse them).
+        last_layer: ``"last_layer"``'s path prefix (e.g. ``"layers.2"``; default: the last dense
+            layer in ``fn``'s traced program, `last_layer_leaves`).
+        kfac_fallback: what ``"kfac"`` gives parameters in no dense or convolutional layer (norm
+            scales, embeddings, position tables): ``"diag"`` (default) their exact GGN diagonal, named
+            in ``post.ggn.diagonal_leaves``; ``"error"`` (or None) refuses them.
+        kfac_approximation: ``"expand"`` (default) or ``"reduce"``: ``"kfac"``'s factors of a weight
+            shared over positions (tokens, pixels); see `linops.kfac`.
         mesh: a `jax.sharding.Mesh` with a ``"data"`` axis: the GGN computations split the examples
             over its devices (`linops.GGNOp`'s and `linops.kfac`'s ``mesh``); the result equals the
             single-device one.
@@ -266,18 +279,20 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
         raise ValueError(f"{who}: unknown structure {structure!r}; expected one of {STRUCTURES}")
     check_likelihood(likelihood, who)
     check_data(data, who)
-    if kfac_fallback not in (None, "diag"):
-        raise ValueError(f"{who}: kfac_fallback must be None or 'diag', got {kfac_fallback!r}")
+    if kfac_fallback not in (None, "diag", "error"):
+        raise ValueError(f"{who}: kfac_fallback must be 'diag' or 'error', got {kfac_fallback!r}")
+    if kfac_approximation not in ("expand", "reduce"):
+        raise ValueError(f"{who}: kfac_approximation must be 'expand' or 'reduce', got {kfac_approximation!r}")
     check_params(params, who)
     X, Y = data
     subset = chosen = None
     fit_fn, fit_params = fn, params
     if structure == "last_layer":
-        chosen = tuple(last_layer_leaves(params, last_layer))
+        chosen = tuple(last_layer_leaves(params, last_layer, fn=fn, x=jax.tree_util.tree_map(lambda a: a[0], X)))
         fit_fn, fit_params, subset = _submodel(fn, params, chosen)
     G = lo.GGNOp(fit_fn, fit_params, X, Y, likelihood, batch_size=batch_size, mesh=mesh)
     request = S.FitRequest(G, fit_fn, fit_params, (X, Y), likelihood, batch_size, mesh, rank, num_steps, key,
-                           kfac_fallback, who)
+                           kfac_fallback, who, kfac_approximation)
     ggn = S.REGISTRY["full" if structure == "last_layer" else structure].fit(request)
     alpha = _canonical_prior(prior_precision, params, subset, structure, ggn, who)
     return make_posterior(fn, params, X, Y, likelihood, structure, ggn, alpha, subset, chosen)

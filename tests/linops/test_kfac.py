@@ -81,3 +81,144 @@ def test_leaves_outside_dense_layers_are_reported_and_models_without_any_refused
         lo.kfac(lambda p, x: p["v"] * x, {"v": jnp.ones(3)}, X, jnp.zeros((4, 3)), Gaussian(1.0))
     with pytest.raises(ValueError, match="inputs has 4 examples but targets has 3"):
         lo.kfac(fn, p, X, Y[:3], Gaussian(1.0))
+
+
+# --- layers shared over positions: convolutions (via patches) and dense layers over tokens -------------
+
+
+def _explicit_patches(x, kernel_hw, stride, padding, dilation):
+    """(R, C kh kw) patches of one (C, H, W) image by slicing, channel-major (independent of jax.lax)."""
+    x = np.pad(np.asarray(x), ((0, 0), *padding))
+    C, H, W = x.shape
+    (kh, kw), (sh, sw), (dh, dw) = kernel_hw, stride, dilation
+    rows = []
+    for i in range(0, H - (kh - 1) * dh, sh):
+        for j in range(0, W - (kw - 1) * dw, sw):
+            rows.append(x[:, i:i + (kh - 1) * dh + 1:dh, j:j + (kw - 1) * dw + 1:dw].reshape(-1))
+    return np.stack(rows)
+
+
+def _conv_model(groups):
+    conv = eqx.nn.Conv2d(4, 6, (3, 2), stride=(2, 1), padding=((1, 1), (0, 2)), dilation=(1, 2), groups=groups,
+                         key=jax.random.key(0), dtype=jnp.float64)
+    head = eqx.nn.Linear(6 * 4 * 7, 3, key=jax.random.key(1), dtype=jnp.float64)
+    return (lambda p, x: p[1](jnp.tanh(p[0](x)).reshape(-1))), (conv, head)
+
+
+@pytest.mark.parametrize("approximation", ["expand", "reduce"])
+@pytest.mark.parametrize("groups", [1, 2])
+def test_conv_factors_match_their_definition_from_explicit_patches(groups, approximation):
+    fn, params = _conv_model(groups)
+    conv, head = params
+    X = jax.random.normal(jax.random.key(2), (5, 4, 7, 7), jnp.float64)
+    y = jnp.arange(5) % 3
+    K = lo.kfac(fn, params, X, y, Categorical(), approximation=approximation, batch_size=2)
+    assert K.kinds == ("conv", "dense") and K.positions == (28, 1) and K.other_leaves == ()
+    assert K.weight_leaves == (0, 2) and K.bias_leaves == (1, 3)
+    Wm = conv.weight.reshape(groups, 6 // groups, -1)  # (G, out, in) per group, the kernel's row-major order
+    A = np.zeros((groups, Wm.shape[2], Wm.shape[2]))
+    B = np.zeros((groups, 6 // groups, 6 // groups))
+    Bb = np.zeros((6, 6))
+    for n in range(5):
+        a = _explicit_patches(X[n], (3, 2), (2, 1), ((1, 1), (0, 2)), (1, 2)).reshape(28, groups, -1)  # (R, G, in)
+        z = jnp.einsum("goi,rgi->rgo", Wm, a).reshape(28, 6)  # the conv's output by definition
+
+        def out(z):
+            h = jnp.tanh(z.T.reshape(6, 4, 7) + conv.bias)
+            return head(h.reshape(-1))
+
+        Hf = Categorical().hessian_factor(out(z), y[n])  # (K, O)
+        g = jnp.einsum("ko,orc->krc", Hf, jax.jacfwd(out)(z))  # (K, R, 6): output gradients per position
+        gg = g.reshape(-1, 28, groups, 6 // groups)
+        Bb += np.einsum("kc,kd->cd", g.sum(1), g.sum(1))
+        if approximation == "expand":
+            A += np.einsum("rgi,rgj->gij", a, a) / (5 * 28)
+            B += np.einsum("krgo,krgp->gop", gg, gg)
+        else:
+            am = a.mean(0)
+            A += np.einsum("gi,gj->gij", am, am) / 5
+            B += np.einsum("kgo,kgp->gop", gg.sum(1), gg.sum(1))
+    first, second = K.factors[0]
+    if groups == 1:
+        A, B = A[0], B[0]
+    assert_close(first, B, rtol=1e-10)  # OIHW: the output index first, G ~ B (x) A
+    assert_close(second, A, rtol=1e-10)
+    assert_close(K.bias_blocks[0], Bb, rtol=1e-10)
+    G = lo.GGNOp(fn, params, X, y, Categorical()).as_matrix()
+    P0 = conv.weight.size
+    assert_close(K.bias_blocks[0], G[P0:P0 + 6, P0:P0 + 6], rtol=1e-10)  # the bias block is exact
+
+
+def _token_model(pooled, weight_first=True):
+    """A linear model applied per token: outputs per token (pooled=False) or averaged over tokens."""
+    def fn(p, x):  # x: (T, in)
+        s = jax.vmap(lambda t: p["W"] @ t + p["b"])(x) if weight_first else x @ p["W"] + p["b"][None]
+        return s.mean(0) if pooled else s.reshape(-1)
+    shape = (2, 3) if weight_first else (3, 2)
+    return fn, {"W": jax.random.normal(jax.random.key(3), shape, jnp.float64), "b": jnp.ones(2, jnp.float64)}
+
+
+@pytest.mark.parametrize("weight_first", [True, False])
+def test_expand_is_exact_per_token_and_reduce_exact_when_pooled_for_a_linear_gaussian_model(weight_first):
+    X = jax.random.normal(jax.random.key(4), (6, 5, 3), jnp.float64)
+    for pooled, exact, other in ((False, "expand", "reduce"), (True, "reduce", "expand")):
+        fn, p = _token_model(pooled, weight_first)
+        Y = jnp.zeros((6, 2 if pooled else 10))
+        G = lo.GGNOp(fn, p, X, Y, Gaussian(0.5)).as_matrix()
+        K = lo.kfac(fn, p, X, Y, Gaussian(0.5), approximation=exact)
+        assert K.positions == (5,) and K.bias_leaves == (1,) and K.weight_leaves == (0,)
+        first, second = K.factors[0]
+        assert_close(np.kron(first, second), G[:6, :6], rtol=1e-10)  # leaves in order W, b
+        assert_close(K.bias_blocks[0], G[6:, 6:], rtol=1e-10)
+        first, second = lo.kfac(fn, p, X, Y, Gaussian(0.5), approximation=other).factors[0]
+        assert np.abs(np.kron(first, second) - G[:6, :6]).max() > 1e-3  # the other approximation is not exact
+
+
+def test_a_one_by_one_convolution_on_one_pixel_images_is_the_dense_layers_kfac():
+    W = jax.random.normal(jax.random.key(5), (3, 4), jnp.float64)
+    X = jax.random.normal(jax.random.key(6), (7, 4), jnp.float64)
+    y = jnp.arange(7) % 3
+    conv = lambda p, x: jax.lax.conv_general_dilated(  # noqa: E731
+        x.reshape(1, 4, 1, 1), p["W"].reshape(3, 4, 1, 1), (1, 1), "SAME").reshape(-1)
+    dense = lambda p, x: jnp.tanh(p["W"] @ x)  # noqa: E731
+    for approximation in ("expand", "reduce"):
+        Kc = lo.kfac(lambda p, x: jnp.tanh(conv(p, x)), {"W": W}, X, y, Categorical(), approximation=approximation)
+        Kd = lo.kfac(dense, {"W": W}, X, y, Categorical(), approximation=approximation)
+        assert Kc.kinds == ("conv",) and Kd.kinds == ("dense",)
+        for c, d in zip(Kc.factors[0], Kd.factors[0], strict=True):
+            assert_close(c, d, rtol=1e-12)
+
+
+def test_an_hwio_kernel_puts_the_output_factor_second_in_its_row_major_order():
+    """Flax's layout: kernel (kh, kw, in, out), NHWC. Per-pixel outputs of a linear conv: expand is exact."""
+    kernel = jax.random.normal(jax.random.key(7), (2, 3, 2, 4), jnp.float64)
+
+    def fn(p, x):  # x: (H, W, C)
+        z = jax.lax.conv_general_dilated(x[None], p["k"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return z.reshape(-1)
+
+    X = jax.random.normal(jax.random.key(8), (4, 3, 3, 2), jnp.float64)
+    Y = jnp.zeros((4, 36))
+    K = lo.kfac(fn, {"k": kernel}, X, Y, Gaussian(0.7))
+    first, second = K.factors[0]
+    assert first.shape == (12, 12) and second.shape == (4, 4)
+    G = lo.GGNOp(fn, {"k": kernel}, X, Y, Gaussian(0.7)).as_matrix()
+    assert_close(np.kron(first, second), G, rtol=1e-10)
+
+
+class _NormThenTokens(eqx.Module):
+    norm: eqx.nn.LayerNorm
+    lin: eqx.nn.Linear
+
+    def __call__(self, x):  # x: (tokens, features)
+        return jax.vmap(self.lin)(self.norm(x)).reshape(-1)
+
+
+def test_parameters_of_no_recognised_layer_are_listed_not_dropped():
+    fn, params = from_equinox(_NormThenTokens(eqx.nn.LayerNorm((5, 3), dtype=jnp.float64),
+                                              eqx.nn.Linear(3, 2, key=jax.random.key(9), dtype=jnp.float64)))
+    X = jax.random.normal(jax.random.key(10), (3, 5, 3), jnp.float64)
+    K = lo.kfac(fn, params, X, jnp.zeros((3, 10)), Gaussian(1.0))
+    leaves = jax.tree_util.tree_leaves(params)
+    assert sorted(leaves[i].shape for i in K.other_leaves) == [(5, 3), (5, 3)]  # the norm's scale and shift
+    assert K.positions == (5,) and K.kinds == ("dense",) and None not in K.bias_leaves

@@ -18,6 +18,7 @@ import linops as lo
 import posteriors as pst
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import ravel
+from posteriors import _structures as S
 
 from ..linops._util import assert_close
 
@@ -296,9 +297,11 @@ def test_bad_input_is_refused_with_a_clear_error():
     wide = {"W": jnp.zeros((1, 3)), "b": jnp.zeros(1), "extra": jnp.zeros(200_000)}
     with pytest.raises(MemoryBudgetError, match="structure='full'"):
         pst.laplace(lambda p, x: _dense(p, x) + 0 * p["extra"][:1], wide, data, Gaussian(SIGMA))
-    with pytest.raises(ValueError, match="outside any dense layer.*kfac_fallback='diag'"):
+    with pytest.raises(ValueError, match="outside any dense or convolutional layer.*kfac_fallback='diag'"):
         pst.laplace(lambda p, x: _dense(p, x) * p["s"], {**params, "s": jnp.ones(1)}, data, Gaussian(SIGMA),
-                    structure="kfac")
+                    structure="kfac", kfac_fallback="error")
+    with pytest.raises(ValueError, match="kfac_approximation must be 'expand' or 'reduce', got 'sum'"):
+        pst.laplace(_dense, params, data, Gaussian(SIGMA), structure="kfac", kfac_approximation="sum")
     two = {"W": jnp.zeros((2, 3)), "b": jnp.zeros(2)}
     post = pst.laplace(_dense, two, (jnp.asarray(X), jnp.asarray(y > 0, jnp.int32)), Categorical(), structure="diag")
     with pytest.raises(ValueError, match="sigma can be changed for a Gaussian likelihood"):
@@ -327,3 +330,69 @@ def test_done_when_every_structure_predicts_and_tunes_on_an_equinox_model():
         trace = report["log_marginal_likelihood"]
         assert float(trace[-1]) > float(trace[0]), structure
         assert_close(pst.marginal_log_likelihood(tuned), trace[-1], rtol=1e-4)
+
+
+class _ConvNet(eqx.Module):
+    """A grouped convolution, a LayerNorm (in no recognised layer) and a dense head."""
+
+    conv: eqx.nn.Conv2d
+    norm: eqx.nn.LayerNorm
+    head: eqx.nn.Linear
+
+    def __call__(self, x):
+        return self.head(jnp.tanh(self.norm(self.conv(x))).reshape(-1))
+
+
+def test_kfac_of_a_convolutional_network_is_its_kronecker_blocks_and_the_exact_diagonal_of_the_rest():
+    net = _ConvNet(eqx.nn.Conv2d(2, 4, 3, padding=1, groups=2, key=jax.random.key(0), dtype=jnp.float64),
+                   eqx.nn.LayerNorm((4, 5, 5), dtype=jnp.float64),
+                   eqx.nn.Linear(100, 3, key=jax.random.key(1), dtype=jnp.float64))
+    fn, params = lo.models.from_equinox(net)
+    X = jax.random.normal(jax.random.key(2), (6, 2, 5, 5), jnp.float64)
+    y = jnp.arange(6) % 3
+    post = pst.laplace(fn, params, (X, y), Categorical(), structure="kfac", prior_precision=ALPHA)
+    assert post.ggn.diagonal_leaves == ("norm.weight", "norm.bias")
+    K = lo.kfac(fn, params, X, y, Categorical())
+    G = lo.GGNOp(fn, params, X, y, Categorical()).as_matrix()
+    (B, A), (Bh, Ah) = K.factors
+    assert B.shape == (2, 2, 2) and A.shape == (2, 9, 9)  # two groups
+    blocks = [np.block([[np.kron(B[0], A[0]), np.zeros((18, 18))], [np.zeros((18, 18)), np.kron(B[1], A[1])]]),
+              K.bias_blocks[0], np.diag(np.diag(G)[40:140]), np.diag(np.diag(G)[140:240]), np.kron(Bh, Ah),
+              K.bias_blocks[1]]
+    sizes = [b.shape[0] for b in blocks]
+    assert sum(sizes) == G.shape[0]
+    expected = np.zeros_like(G)
+    start = 0
+    for b in blocks:
+        expected[start:start + b.shape[0], start:start + b.shape[0]] = b
+        start += b.shape[0]
+    Lam = np.asarray(post.precision.as_matrix())
+    assert_close(Lam, expected + ALPHA * np.eye(G.shape[0]), rtol=1e-9)
+    # the covariance, its samples' structure and the evidence's log-determinant follow from the same blocks
+    assert_close(post.covariance.as_matrix(), np.linalg.inv(Lam), rtol=1e-8)
+    assert_close(lo.logdet(post.precision), np.linalg.slogdet(Lam)[1], rtol=1e-10)
+
+
+def test_last_layer_is_the_last_dense_layer_in_the_program_for_nnx_and_after_a_pooling_head():
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.conv = nnx.Conv(2, 4, (3, 3), rngs=rngs, param_dtype=jnp.float64)
+            self.head = nnx.Linear(4, 3, rngs=rngs, param_dtype=jnp.float64)
+
+        def __call__(self, x):  # x: (H, W, C); global average pooling before the head
+            return self.head(jnp.tanh(self.conv(x[None]))[0].mean((0, 1)))
+
+    fn, params = lo.models.from_flax_nnx(Net(nnx.Rngs(0)))
+    X = jax.random.normal(jax.random.key(3), (7, 5, 5, 2), jnp.float64)
+    y = jnp.arange(7) % 3
+    names = [S.path_string(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    chosen = pst.last_layer_leaves(params, fn=fn, x=X[0])
+    assert [names[i] for i in chosen] == ["head.bias.value", "head.kernel.value"]  # 15 weights, the bias kept
+    assert [names[i] for i in pst.last_layer_leaves(params)] == ["head.bias.value", "head.kernel.value"]
+    post = pst.laplace(fn, params, (X, y), Categorical(), structure="last_layer", prior_precision=ALPHA)
+    idx = np.asarray(post.subset)
+    assert idx.size == 15
+    G = np.asarray(lo.GGNOp(fn, params, X, y, Categorical()).as_matrix())[np.ix_(idx, idx)]
+    assert_close(post.ggn.precision(ALPHA, 1.0).as_matrix(), G + ALPHA * np.eye(15), rtol=1e-10)

@@ -1,0 +1,255 @@
+r"""The layers KFAC recognises in a per-example model's traced program, and the program rewritten to expose them.
+
+A *layer* is a product of one parameter leaf $W$ (used nowhere else) with an activation, read as
+$s_r = W a_r$ for shared positions $r = 1..R$:
+
+- a ``dot_general`` of a 2-D leaf with an activation of any rank, contracting one axis of each
+  (a dense layer; its activation's other axes, tokens or pixels, are the positions; $R = 1$
+  for a vector);
+- a ``conv_general_dilated`` whose kernel is a leaf, any stride, padding, dilation and feature
+  groups: the activations are the input's patches (`jax.lax.conv_general_dilated_patches`), the
+  positions the output's batch and spatial axes. With $G$ groups each group is its own layer
+  over its own channels.
+
+A bias is a leaf added to the layer's output (through axis moves and unit-axis reshapes only)
+broadcast along the output channels. The rewritten program adds a zero perturbation $\delta$ to
+each layer's output and also returns its activation, so one forward pass gives every
+$a_{n,r}$ and vector-Jacobian products give every $g_{n,r} = \partial(\cdot)/\partial s_{n,r}$.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.extend as jex
+import jax.numpy as jnp
+import numpy as np
+
+
+class Layer(NamedTuple):
+    """One recognised layer. ``acts(a) -> (R, in)`` and ``grads(g) -> (R, out)`` turn the raw activation and
+    the gradient at the layer's output (its shape) into rows over the positions; ``in_perm`` reorders the
+    activation factor from patch order into the kernel's row-major order (None: already in it)."""
+
+    kind: str  # "dense" or "conv"
+    weight: int  # leaf index
+    bias: int | None
+    out_first: bool  # the weight's row-major order has the output index first: G ~ B (x) A; else A (x) B
+    groups: int
+    positions: int  # R
+    num_in: int  # per group
+    num_out: int  # per group
+    acts: Callable
+    grads: Callable
+    in_perm: np.ndarray | None
+    out_aval: object  # the layer output's abstract value (the perturbation's shape)
+
+
+def _is_var(v):
+    return isinstance(v, jex.core.Var)
+
+
+def _dense(eqn, leaf_vars, uses):
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    if lb or rb or len(lc) != 1:
+        return None
+    lhs, rhs = eqn.invars
+    for w, a, wc, ac, w_is_lhs in ((lhs, rhs, lc, rc, True), (rhs, lhs, rc, lc, False)):
+        if not (_is_var(w) and w in leaf_vars and w.aval.ndim == 2 and uses[w] == 1 and _is_var(a)
+                and a not in leaf_vars):
+            continue
+        leaf, transposed = leaf_vars[w]
+        (wax,), (aax,) = tuple(wc), tuple(ac)
+        num_in, num_out = w.aval.shape[wax], w.aval.shape[1 - wax]
+        positions = int(np.prod([s for i, s in enumerate(a.aval.shape) if i != aax], dtype=int))
+        channel = 0 if w_is_lhs else eqn.outvars[0].aval.ndim - 1  # the output's W axis
+
+        def acts(x, aax=aax, num_in=num_in):
+            return jnp.moveaxis(x, aax, -1).reshape(-1, num_in)
+
+        def grads(g, channel=channel, num_out=num_out):
+            return jnp.moveaxis(g, channel, -1).reshape(-1, num_out)
+
+        layer = Layer("dense", leaf, None, (wax == 1) != transposed, 1, positions, num_in, num_out, acts, grads, None,
+                      eqn.outvars[0].aval)
+        return layer, a, channel
+    return None
+
+
+def _conv(eqn, leaf_vars, uses):
+    lhs, rhs = eqn.invars
+    p = eqn.params
+    if not (_is_var(rhs) and rhs in leaf_vars and uses[rhs] == 1 and _is_var(lhs) and lhs not in leaf_vars
+            and p["batch_group_count"] == 1) or leaf_vars[rhs][1]:
+        return None
+    dn = p["dimension_numbers"]
+    out_dim, in_dim, *spatial = dn.rhs_spec
+    groups, ndim = p["feature_group_count"], rhs.aval.ndim
+    if out_dim not in (0, ndim - 1):
+        return None  # the output index neither first nor last: no Kronecker product in row-major order
+    patch_axes = [in_dim, *spatial]
+    kernel_axes = [d for d in range(ndim) if d != out_dim]
+    perm = None
+    if patch_axes != kernel_axes:
+        if groups > 1:
+            return None
+        perm = np.arange(int(np.prod([rhs.aval.shape[d] for d in patch_axes]))).reshape(
+            [rhs.aval.shape[d] for d in patch_axes]).transpose([patch_axes.index(d) for d in kernel_axes]).reshape(-1)
+    if groups > 1 and out_dim != 0:
+        return None  # a group's outputs are not contiguous in the row-major order
+    num_out = rhs.aval.shape[out_dim] // groups
+    num_in = int(np.prod([rhs.aval.shape[d] for d in patch_axes]))
+    out = eqn.outvars[0]
+    channel = dn.out_spec[1]
+    positions = int(np.prod([s for i, s in enumerate(out.aval.shape) if i != channel], dtype=int))
+    filter_shape = tuple(rhs.aval.shape[d] for d in spatial)
+
+    def acts(x):
+        patches = jax.lax.conv_general_dilated_patches(
+            x, filter_shape, p["window_strides"], p["padding"], lhs_dilation=p["lhs_dilation"],
+            rhs_dilation=p["rhs_dilation"], dimension_numbers=dn, precision=p["precision"])
+        return jnp.moveaxis(patches, channel, -1).reshape(-1, groups * num_in)
+
+    def grads(g):
+        return jnp.moveaxis(g, channel, -1).reshape(-1, groups * num_out)
+
+    return Layer("conv", leaf_vars[rhs][0], None, out_dim == 0, groups, positions, num_in, num_out, acts, grads, perm,
+                 out.aval), lhs, channel
+
+
+def _moved_axis(eqn, axis):
+    """Where axis ``axis`` of a shape-only op's input lands in its output (None: not a pure axis move)."""
+    name, (x,) = eqn.primitive.name, eqn.invars[:1]
+    shape_in, shape_out = x.aval.shape, eqn.outvars[0].aval.shape
+    if name == "convert_element_type":
+        return axis
+    if name == "transpose":
+        return list(eqn.params["permutation"]).index(axis)
+    if name == "squeeze":
+        dims = eqn.params["dimensions"]
+        return None if axis in dims else axis - sum(d < axis for d in dims)
+    if name in ("reshape", "broadcast_in_dim"):
+        if name == "broadcast_in_dim":
+            return eqn.params["broadcast_dimensions"][axis]
+        # a reshape that only inserts or removes unit axes
+        if [s for s in shape_in if s != 1] != [s for s in shape_out if s != 1] or shape_in[axis] == 1:
+            return None
+        k = sum(1 for s in shape_in[:axis] if s != 1)
+        return [i for i, s in enumerate(shape_out) if s != 1][k]
+    return None
+
+
+_SHAPE_OPS = ("convert_element_type", "transpose", "squeeze", "reshape", "broadcast_in_dim")
+
+
+def _find_bias(eqns, start, channel, leaf_vars, uses, uses_of, num_channels):
+    """The leaf added to ``start`` (a layer output with channels on axis ``channel``) as a per-channel bias."""
+    var, axis = start, channel
+    while True:
+        if uses.get(var, 0) != 1 or len(uses_of.get(var, [])) != 1:
+            return None  # used twice, or an output of the program
+        eqn = uses_of[var][0]
+        if eqn.primitive.name == "add":
+            other = eqn.invars[1] if eqn.invars[0] is var else eqn.invars[0]
+            return _bias_leaf(other, axis, eqn.outvars[0].aval.ndim, leaf_vars, uses, eqns, num_channels)
+        if eqn.primitive.name not in _SHAPE_OPS:
+            return None
+        if eqn.primitive.name == "broadcast_in_dim" and eqn.outvars[0].aval.size != var.aval.size:
+            return None  # a real broadcast would copy the layer's output
+        axis = _moved_axis(eqn, axis)
+        if axis is None:
+            return None
+        var = eqn.outvars[0]
+
+
+def _bias_leaf(operand, axis, ndim, leaf_vars, uses, eqns, num_channels):
+    """The leaf behind ``operand`` when it is a leaf of ``num_channels`` numbers broadcast along ``axis``."""
+    producer = {v: e for e in eqns for v in e.outvars}
+    chain, var = [], operand
+    while _is_var(var) and var not in leaf_vars:
+        eqn = producer.get(var)
+        if eqn is None or eqn.primitive.name not in _SHAPE_OPS:
+            return None
+        chain.append(eqn)
+        var = eqn.invars[0]
+    if not (_is_var(var) and var in leaf_vars) or var.aval.size != num_channels or uses[var] != 1:
+        return None  # not a leaf of one number per channel, or one used elsewhere too
+    shape = var.aval.shape
+    big = [i for i, s in enumerate(shape) if s != 1]
+    if len(big) > 1 or (num_channels > 1 and not big):
+        return None
+    b_axis = big[0] if big else 0
+    for eqn in reversed(chain):
+        b_axis = _moved_axis(eqn, b_axis)
+        if b_axis is None:
+            return None
+    # jax.lax.add broadcasts unit axes: align the ranks from the right as numpy does
+    if operand.aval.ndim != ndim:
+        b_axis += ndim - operand.aval.ndim
+    return leaf_vars[var] if b_axis == axis else None
+
+
+def _weight_views(eqns, leaf_vars, uses):
+    """``{var: (leaf index, transposed)}`` for the leaves and their single-use views that keep the row-major
+    order (reshapes, dtype casts) or swap the two axes of a matrix (``transposed``)."""
+    views = {v: (i, False) for v, i in leaf_vars.items()}
+    for eqn in eqns:
+        x = eqn.invars[0] if eqn.invars else None
+        if not (_is_var(x) and x in views and uses[x] == 1):
+            continue
+        leaf, transposed = views[x]
+        name = eqn.primitive.name
+        if name in ("reshape", "convert_element_type") and not transposed:
+            views[eqn.outvars[0]] = (leaf, False)
+        elif name == "transpose" and x.aval.ndim == 2:
+            views[eqn.outvars[0]] = (leaf, not transposed)
+    return views
+
+
+def tapped_layers(closed, num_leaves):
+    """``(layers, tapped)`` for a traced per-example model ``closed`` whose first ``num_leaves`` inputs are the
+    parameter leaves: ``tapped(*leaves, *x_leaves, *deltas) -> (*outputs, *activations)``."""
+    jaxpr = closed.jaxpr
+    leaf_vars = {v: i for i, v in enumerate(jaxpr.invars[:num_leaves])}
+    uses, uses_of = {}, {}
+    for eqn in jaxpr.eqns:
+        for v in eqn.invars:
+            if _is_var(v):
+                uses[v] = uses.get(v, 0) + 1
+                uses_of.setdefault(v, []).append(eqn)
+    for v in jaxpr.outvars:
+        if _is_var(v):
+            uses[v] = uses.get(v, 0) + 1  # an output counts as a use (but has no eqn)
+    weights = _weight_views(jaxpr.eqns, leaf_vars, uses)
+    found = {}  # eqn index -> (layer, activation var)
+    for i, eqn in enumerate(jaxpr.eqns):
+        match = {"dot_general": _dense, "conv_general_dilated": _conv}.get(eqn.primitive.name)
+        hit = match(eqn, weights, uses) if match else None
+        if hit is None:
+            continue
+        layer, a, channel = hit
+        bias = _find_bias(jaxpr.eqns, eqn.outvars[0], channel, leaf_vars, uses, uses_of,
+                          layer.groups * layer.num_out)
+        found[i] = (layer._replace(bias=bias), a)
+    layers, deltas, acts, rename, new_eqns = [], [], [], {}, []
+    for i, eqn in enumerate(jaxpr.eqns):
+        invars = [rename.get(v, v) if _is_var(v) else v for v in eqn.invars]
+        new_eqns.append(jex.core.new_jaxpr_eqn(invars, eqn.outvars, eqn.primitive, eqn.params, eqn.effects,
+                                               eqn.source_info, eqn.ctx))
+        if i in found:
+            layer, a = found[i]
+            z = eqn.outvars[0]
+            delta, perturbed = jex.core.Var(z.aval), jex.core.Var(z.aval)
+            new_eqns.append(jex.core.new_jaxpr_eqn([z, delta], [perturbed], jax.lax.add_p, {}, jex.core.no_effects))
+            rename[z] = perturbed
+            deltas.append(delta)
+            acts.append(rename.get(a, a))
+            layers.append(layer)
+    outvars = [rename.get(v, v) if _is_var(v) else v for v in jaxpr.outvars]
+    invars = list(jaxpr.invars) + deltas
+    info = jex.core.DebugInfo("linops.kfac", "the model with its layers tapped", (None,) * len(invars),
+                              (None,) * (len(outvars) + len(acts)))
+    new = jex.core.Jaxpr(jaxpr.constvars, invars, outvars + acts, new_eqns, jaxpr.effects, info)
+    return layers, jex.core.jaxpr_as_fun(jex.core.ClosedJaxpr(new, closed.consts))
