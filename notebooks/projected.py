@@ -99,13 +99,13 @@ def fit(name, alpha):
 
 def spread(post, inputs):
     """Standard deviation of the linearised predictive function (no observation noise)."""
-    return jnp.sqrt(jnp.clip(pst.predictive.linearized(post, inputs)[1][:, 0], 0.0))
+    return jnp.sqrt(jnp.clip(pst.predictive.linearized(post, inputs, exact=True)[1][:, 0], 0.0))
 
 
 bands = {}
 for name in ("full", "diag", "projected"):
     post = fit(name, ALPHA)
-    mean = pst.predictive.linearized(post, grid)[0][:, 0]
+    mean = pst.predictive.linearized(post, grid, exact=True)[0][:, 0]
     bands[name] = (mean, spread(post, grid), float(jnp.max(spread(post, X))))
     print(f"{name:>10}: std in the gap {float(jnp.mean(bands[name][1][gap])):.3f}, "
           f"largest std on a training input {bands[name][2]:.4f}")

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,6 +30,7 @@ from linops.memory import check_fits
 from linops.models import ravel
 from posteriors.gaussian import GaussianPosterior, LowRankPosterior
 from posteriors.laplace_family import LaplacePosterior
+from posteriors.projected import ProjectedPosterior
 
 
 def _parts(post):
@@ -49,6 +51,17 @@ def _jacobian_rows(fn, params, X):
     return rows.reshape(-1, rows.shape[-1])
 
 
+def _jacobian_block(fn, params, X, outputs):
+    """``(b, k, P)``: the Jacobian rows of outputs ``outputs`` (``(k,)``; -1 gives a zero row) of each input,
+    one forward pass per input and one reverse pass per row."""
+    def example(x):
+        f, vjp = jax.vjp(lambda p: fn(p, x), params)
+        E = jax.nn.one_hot(outputs, f.shape[0], dtype=f.dtype)
+        return jax.vmap(lambda e: ravel(vjp(e)[0])[0])(E)
+
+    return jax.vmap(example)(X)
+
+
 def _quadratic_rows(post, J):
     """``diag(J Σ Jᵀ)`` from a Laplace structure's own accurate form, or None. ``J``'s columns are the
     posterior's own parameters (a last layer's or a subnetwork's alone: `_parts`), those of its GGN."""
@@ -57,14 +70,103 @@ def _quadratic_rows(post, J):
     return post.ggn.quadratic_rows(J, post.prior_precision, post.noise_scale, post.factor)
 
 
-def _batches(X, batch_size):
-    n = X.shape[0]
-    return [X[i:i + batch_size] for i in range(0, n, batch_size)]
+ROW_BUDGET = 1 << 25
+"""Numbers of Jacobian rows the linearised predictive holds at once (128 MB in float32)."""
+
+
+def _plan(M, num_outputs, P, batch_size, output_covariance):
+    """``(inputs per chunk, outputs per block)``: a chunk's rows hold about `ROW_BUDGET` numbers."""
+    if batch_size is not None:
+        return batch_size, num_outputs
+    if num_outputs * P <= ROW_BUDGET or output_covariance:
+        return max(1, min(M, ROW_BUDGET // max(num_outputs * P, 1))), num_outputs
+    return 1, max(1, min(num_outputs, ROW_BUDGET // max(P, 1)))  # many outputs: blocks of outputs of one input
+
+
+def _row_values(post, inputs, b, k, output_covariance):
+    """``(M, O)`` variances (or ``(M, O, O)`` covariances) from chunks of ``b`` inputs x ``k`` outputs of Jacobian
+    rows, mapped with `jax.lax.map` (one compiled body; never more rows at once)."""
+    fn, params, cov = _parts(post)
+    M = inputs.shape[0]
+    num_outputs = jax.eval_shape(fn, params, inputs[0]).shape[0]
+    P = ravel(params)[0].shape[0]
+    chunks, blocks = -(-M // b), -(-num_outputs // k)
+    X = inputs[jnp.minimum(jnp.arange(chunks * b), M - 1)].reshape((chunks, b) + inputs.shape[1:])
+    outs = jnp.where(jnp.arange(blocks * k) < num_outputs, jnp.arange(blocks * k), -1).reshape(blocks, k)
+
+    def block(Xc, oc):
+        J = _jacobian_block(fn, params, Xc, oc)  # (b, k, P)
+        rows = J.reshape(-1, P)
+        if output_covariance:
+            return jnp.einsum("bop,bqp->boq", J, cov.mm(rows.T).T.reshape(J.shape))
+        exact = _quadratic_rows(post, rows)  # the structure's own form (e.g. low rank without cancellation)
+        if exact is None:
+            exact = jnp.sum(rows * cov.mm(rows.T).T, axis=1)
+        return exact.reshape(b, k)
+
+    def chunk(Xc):
+        if blocks == 1:
+            return block(Xc, outs[0])
+        values = jax.lax.map(lambda oc: block(Xc, oc), outs)  # (blocks, b, k)
+        return jnp.moveaxis(values, 0, 1).reshape(b, blocks * k)[:, :num_outputs]
+
+    values = jax.lax.map(chunk, X)
+    return values.reshape((chunks * b,) + values.shape[2:])[:M]
+
+
+_row_values_jit = eqx.filter_jit(_row_values)
+
+
+def _sampled(post, inputs, key, num_samples, full_covariance, output_covariance):
+    r"""The linearised predictive of a posterior from linearised samples $J(x)\,\delta_s$ (JVPs): its trace
+    draws, or ``num_samples`` fresh ones from ``key``. The mean is known (zero offsets), so the second moment
+    is an unbiased estimate of $J \Sigma J^\top$."""
+    if key is not None:
+        deltas = post.sample(key, 100 if num_samples is None else num_samples) - post.mean[None, :]
+    elif getattr(post, "trace_draws", None) is not None:
+        deltas = post.trace_draws.T / jnp.sqrt(post.prior_precision)
+    else:
+        raise ValueError(f"linearized: a {type(post).__name__}'s predictive is estimated from linearised samples "
+                         "(its exact variance would project every Jacobian row): pass key=jax.random.key(...) "
+                         "(and num_samples), build it with prior_precision='optimal' (its trace draws are "
+                         "samples), or pass exact=True")
+    offsets = _jvp_offsets(post, deltas, inputs)  # (n, M, O)
+    n = offsets.shape[0]
+    if full_covariance:
+        flat = offsets.reshape(n, -1)
+        return flat.T @ flat / n
+    if output_covariance:
+        return jnp.einsum("nmo,nmq->moq", offsets, offsets) / n
+    return jnp.mean(offsets**2, axis=0)
+
+
+@eqx.filter_jit
+def _jvp_offsets(post, deltas, inputs):
+    r"""``(n, M, O)``: $J(x)\,\delta$ for every row of ``deltas`` and input, inputs mapped in chunks."""
+    M = inputs.shape[0]
+    b = max(1, min(M, 64))
+    chunks = -(-M // b)
+    X = inputs[jnp.minimum(jnp.arange(chunks * b), M - 1)].reshape((chunks, b) + inputs.shape[1:])
+
+    def chunk(Xc):
+        f = lambda p: jax.vmap(post.fn, in_axes=(None, 0))(p, Xc)  # noqa: E731
+        return jax.vmap(lambda d: jax.jvp(f, (post.params,), (post.unravel(d),))[1])(deltas)  # (n, b, O)
+
+    values = jax.lax.map(chunk, X)  # (chunks, n, b, O)
+    return jnp.moveaxis(values, 0, 1).reshape(deltas.shape[0], chunks * b, -1)[:, :M]
 
 
 def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False, output_covariance: bool = False,
-               batch_size: int | None = None):
+               batch_size: int | None = None, key: jax.Array | None = None, num_samples: int | None = None,
+               exact: bool = False):
     r"""The linearised predictive: mean $f(\theta^*, x)$ and variance $\operatorname{diag} J\Sigma J^\top$.
+
+    The variances never hold the ``M O x P`` test Jacobian: its rows come in chunks of inputs (and,
+    with many outputs, blocks of outputs) of about `ROW_BUDGET` numbers, mapped by one compiled
+    program; each chunk goes through the posterior's own form (a Laplace structure's
+    ``quadratic_rows``, else the covariance's product). A projected posterior (whose exact product
+    projects every row) is estimated from linearised samples by JVPs (its trace draws, or
+    ``num_samples`` fresh ones from ``key``) unless ``exact=True``.
 
     Args:
         post: any `GaussianPosterior` whose covariance is an operator (a low-rank one uses
@@ -74,7 +176,10 @@ def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False
             (example-major), the Laplace tangent kernel, instead of the variances.
         output_covariance: the ``(M, O, O)`` covariance between the outputs of each input
             instead of the variances.
-        batch_size: inputs per batch of Jacobian rows (default: about $2^{25}$ numbers of rows).
+        batch_size: inputs per chunk of Jacobian rows (default: chunks of about `ROW_BUDGET` numbers).
+        key: a projected posterior's key for fresh predictive samples.
+        num_samples: with ``key``, their number (default 100).
+        exact: a projected posterior's exact predictive (one projection per Jacobian row).
 
     Returns:
         ``(mean (M, O), variance (M, O))``, or the covariances asked for in place of the variances.
@@ -96,34 +201,25 @@ def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False
             JS = post.output_factor(inputs).reshape(mean.shape + (-1,))
             return mean, jnp.einsum("mor,mqr->moq", JS, JS)
         return post.predictive(inputs)
+    if isinstance(post, ProjectedPosterior) and not exact:
+        return mean, _sampled(post, inputs, key, num_samples, full_covariance, output_covariance)
     fn, params, cov = _parts(post)
     P = ravel(params)[0].shape[0]
-    num_outputs = mean.shape[1]
-    if batch_size is None:
-        batch_size = max(1, (1 << 25) // max(num_outputs * P, 1))
+    M, num_outputs = mean.shape
     if full_covariance:
-        M = inputs.shape[0]
         rows = M * num_outputs
         check_fits((rows * P + rows**2) * np.dtype(mean.dtype).itemsize,
                    f"the full predictive covariance of {M} inputs x {num_outputs} outputs",
                    "ask for the variances instead")
         J = _jacobian_rows(fn, params, inputs)
         return mean, J @ cov.mm(J.T)
-    parts = []
-    for Xb in _batches(inputs, batch_size):
-        J = _jacobian_rows(fn, params, Xb)
-        if not output_covariance and (exact := _quadratic_rows(post, J)) is not None:
-            parts.append(exact)  # the structure's own form (e.g. low rank without cancellation)
-            continue
-        SJ = cov.mm(J.T).T  # rows of J Sigma
-        if output_covariance:
-            B = Xb.shape[0]
-            parts.append(jnp.einsum("bop,bqp->boq", J.reshape(B, num_outputs, -1), SJ.reshape(B, num_outputs, -1)))
-        else:
-            parts.append(jnp.sum(J * SJ, axis=1))
     if output_covariance:
-        return mean, jnp.concatenate(parts)
-    return mean, jnp.concatenate(parts).reshape(mean.shape)
+        check_fits((M * num_outputs**2 + num_outputs * P * 3) * np.dtype(mean.dtype).itemsize,
+                   f"the output covariances of {M} inputs x {num_outputs} outputs", "ask for the variances instead")
+    b, k = _plan(M, num_outputs, P, batch_size, output_covariance)
+    # one compiled program per posterior structure and shape; a subnetwork's indices must stay concrete
+    concrete = isinstance(post, LaplacePosterior) and post.subset is not None and post.subset_leaves is None
+    return mean, (_row_values if concrete else _row_values_jit)(post, inputs, b, k, output_covariance)
 
 
 def monte_carlo(post: GaussianPosterior, key: jax.Array, inputs, num_samples: int, *, linearized: bool = True):
@@ -217,12 +313,13 @@ def classification(post: GaussianPosterior, inputs, *, link: str = "probit", key
         if logits.shape[-1] == 1:
             return jnp.mean(jax.nn.sigmoid(logits), axis=0)
         return jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0)
+    sampled = {"key": key, "num_samples": num_samples} if isinstance(post, ProjectedPosterior) else {}
     if link == "bridge":
-        mean, cov = linearized(post, inputs, output_covariance=True)
+        mean, cov = linearized(post, inputs, output_covariance=True, **sampled)
         if mean.shape[-1] == 1:
             raise ValueError("classification(link='bridge'): the Laplace bridge needs K >= 2 logits")
         return laplace_bridge(mean, cov)
-    mean, var = linearized(post, inputs)
+    mean, var = linearized(post, inputs, **sampled)
     return probit(mean, var, multiclass=mean.shape[-1] > 1)
 
 

@@ -103,9 +103,9 @@ def run(cfg: Config, out: Path, log: Log, *, name: str = "inbetween") -> dict:
             std = jnp.zeros_like(mean)
             mt, vt = jax.vmap(fn, in_axes=(None, 0))(params, Xt), jnp.zeros_like(Yt)
         else:
-            m, v = pst.predictive.linearized(post, grid)
+            m, v = pst.predictive.linearized(post, grid, exact=True)  # 1-D: a projected one's exact band
             mean, std = m[:, 0], jnp.sqrt(jnp.clip(v[:, 0], 0.0))
-            mt, vt = pst.predictive.linearized(post, Xt)  # FSP: around its own network's mean
+            mt, vt = pst.predictive.linearized(post, Xt, exact=True)  # FSP: around its own network's mean
         fit_s = time.perf_counter() - t0
         on_data = jnp.interp(X[:, 0], grid[:, 0], std)
         row = {"std_gap": float(jnp.mean(std[gap])), "std_data": float(jnp.mean(on_data)),
