@@ -68,3 +68,35 @@ def test_a_projected_posteriors_predictive_comes_from_its_linearised_samples():
         predictive.linearized(plain, Xt)
     probs = predictive.classification(plain, Xt, key=jax.random.key(7), num_samples=4)
     assert probs.shape == (6, 3) and np.allclose(np.sum(probs, axis=1), 1.0)
+
+
+ARCHITECTURES = [("lenet5", {}, 12), ("resnet", {"norm": "batch"}, 8), ("vit", {}, 8), ("nnx_cnn", {}, 8)]
+
+
+@pytest.mark.parametrize(("name", "kw", "side"), ARCHITECTURES, ids=[a[0] for a in ARCHITECTURES])
+def test_every_structures_predictive_on_the_small_architectures_is_the_dense_reference(name, kw, side):
+    """LeNet-5, a ResNet with inference-mode BatchNorm, a vision transformer and a Flax NNX CNN (float64):
+    each Laplace structure's linearised variances equal the dense diag(J Σ Jᵀ) of its own covariance."""
+    from posteriors.experiments.architectures import ARCHITECTURES as BUILD
+
+    fn, params = BUILD[name](jax.random.key(0), size="small", dtype=jnp.float64, **kw)
+    X = jax.random.normal(jax.random.key(1), (6, 1, side, side), jnp.float64)
+    y = jnp.arange(6) % 10
+    Xt = jax.random.normal(jax.random.key(2), (2, 1, side, side), jnp.float64)
+    J = np.asarray(lo.JacobianOp(fn, params, Xt).as_matrix())  # (M O, P)
+    P = J.shape[1]
+    for structure, options in (("diag", {}), ("kfac", {}), ("last_layer", {}), ("full", {}),
+                               ("lowrank", {"rank": 8, "key": jax.random.key(3)})):
+        post = pst.laplace(fn, params, (X, y), Categorical(), structure=structure, prior_precision=3.0, **options)
+        if structure == "kfac":  # convolutions and dense layers (per token too) in Kronecker factors, the rest diagonal
+            expected = {"lenet5": set(), "nnx_cnn": set(), "resnet": {"weight", "bias"},
+                        "vit": {"weight", "bias", "cls_token", "positions"}}[name]
+            assert {d.split(".")[-1] for d in post.ggn.diagonal_leaves} == expected, post.ggn.diagonal_leaves
+        Sigma = np.asarray(post.covariance.as_matrix())
+        reference = np.einsum("rp,pq,rq->r", J, Sigma, J).reshape(2, 10)
+        assert_close(predictive.linearized(post, Xt)[1], reference, rtol=1e-8, err_msg=structure)
+    chosen = pst.subnetwork.largest_magnitude(params, P // 10)
+    sub = pst.subnetwork.subnetwork_laplace(fn, params, (X, y), Categorical(), chosen, prior_precision=3.0)
+    Sigma = np.asarray(sub.covariance.as_matrix())
+    assert_close(predictive.linearized(sub, Xt)[1], np.einsum("rp,pq,rq->r", J, Sigma, J).reshape(2, 10),
+                 rtol=1e-8, err_msg="subnetwork")
