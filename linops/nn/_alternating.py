@@ -20,6 +20,7 @@ Two ways to apply the projector $\Pi$:
 from __future__ import annotations
 
 import sys
+import warnings
 
 import equinox as eqx
 import jax
@@ -129,6 +130,7 @@ class AlternatingProjectionOp(LinearOperator):
     def _from_rows(cls, rows, *, method="cg", max_sweeps=500, rtol=None, cutoff=None, store_linearization=None,
                    progress=False, mesh=None, axis="data", split_sweeps=False):
         _check_options(method, max_sweeps, split_sweeps, mesh)  # before any work
+        _warn_if_few_free_directions(rows)
         blocks = RowBlocks.build(rows, cutoff=cutoff, store_linearization=store_linearization, mesh=mesh, axis=axis)
         return cls(blocks, method=method, max_sweeps=max_sweeps, rtol=rtol, progress=progress,
                    split_sweeps=split_sweeps)
@@ -294,6 +296,20 @@ def _check_options(method, max_sweeps, split_sweeps, mesh):
     if split_sweeps and mesh is None:
         raise ValueError("AlternatingProjectionOp: split_sweeps=True splits the batch sequence over the "
                          "devices of a mesh: pass mesh=")
+
+
+def _warn_if_few_free_directions(rows):
+    """Warn when the rows nearly span the parameter space: the kernel is then small and CG slow to converge."""
+    total = rows.num_rows * int(jax.tree_util.tree_leaves(rows.data)[0].shape[0])
+    if total >= FEW_FREE_DIRECTIONS * rows.size:
+        warnings.warn(f"AlternatingProjectionOp: {total} rows for {rows.size} parameters ({total / rows.size:.0%}): "
+                      "the kernel is small (at most P - rows directions) and the projection converges slowly, "
+                      "if at all; project on fewer examples, use the loss Jacobian (one row per example) or a "
+                      "Laplace posterior in this regime", stacklevel=4)
+
+
+FEW_FREE_DIRECTIONS = 0.5
+"""The fraction of rows to parameters from which `AlternatingProjectionOp` warns that the kernel is small."""
 
 
 def _report(sweep, residual):

@@ -238,3 +238,14 @@ def test_float32_cg_keeps_its_best_iterate_when_the_tolerance_is_out_of_reach():
     assert int(greedy.sweeps) < 3000  # stopped by the stall rule, not the cap
     assert _error(greedy.value, null, x) <= _error(reachable.value, null, x)
     assert float(greedy.kernel_residual) < 1e-2
+
+
+def test_rows_near_the_number_of_parameters_warn_that_the_kernel_is_small():
+    import warnings
+
+    M = jax.random.normal(jax.random.key(0), (6, 10))
+    with pytest.warns(UserWarning, match=r"6 rows for 10 parameters \(60%\): the kernel is small"):
+        lo.AlternatingProjectionOp.from_matrix(M, batch_size=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lo.AlternatingProjectionOp.from_matrix(M[:4], batch_size=2)  # 40%: no warning

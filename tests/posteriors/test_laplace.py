@@ -371,6 +371,11 @@ def test_kfac_of_a_convolutional_network_is_its_kronecker_blocks_and_the_exact_d
     # the covariance, its samples' structure and the evidence's log-determinant follow from the same blocks
     assert_close(post.covariance.as_matrix(), np.linalg.inv(Lam), rtol=1e-8)
     assert_close(lo.logdet(post.precision), np.linalg.slogdet(Lam)[1], rtol=1e-10)
+    # the predictive's per-layer Kronecker quadratic forms (grouped convolution, bias, diagonal leaves)
+    Xt = jax.random.normal(jax.random.key(3), (3, 2, 5, 5), jnp.float64)
+    Jt = np.asarray(lo.JacobianOp(fn, params, Xt).as_matrix())
+    reference = np.einsum("rp,pq,rq->r", Jt, np.linalg.inv(Lam), Jt).reshape(3, 3)
+    assert_close(pst.predictive.linearized(post, Xt)[1], reference, rtol=1e-9)
 
 
 def test_last_layer_is_the_last_dense_layer_in_the_program_for_nnx_and_after_a_pooling_head():
