@@ -108,8 +108,8 @@ def find_layers(fn: Callable, params, x) -> tuple[FoundLayer, ...]:
     Example:
         >>> import jax, equinox as eqx, linops as lo
         >>> fn, params = lo.models.from_equinox(eqx.nn.MLP(3, 2, 8, 1, key=jax.random.key(0)))
-        >>> [(L.kind, L.weight, L.bias) for L in lo.nn.find_layers(fn, params, jax.numpy.ones(3))]
-        [('dense', 0, 1), ('dense', 2, 3)]
+        >>> tuple((L.kind, L.weight, L.bias) for L in lo.nn.find_layers(fn, params, jax.numpy.ones(3)))
+        (('dense', 0, 1), ('dense', 2, 3))
     """
     layers, _, _ = _trace(fn, params, x)
     return tuple(FoundLayer(L.kind, L.weight, L.bias, L.positions) for L in layers)

@@ -15,7 +15,8 @@ arguments override the size's defaults; ``dtype`` casts the parameters (build in
 Example:
     >>> import jax, jax.numpy as jnp
     >>> from posteriors.experiments.architectures import ARCHITECTURES, count_params
-    >>> fn, params = ARCHITECTURES["resnet"](jax.random.key(0), size="small")
+    >>> build = ARCHITECTURES["resnet"]
+    >>> fn, params = build(jax.random.key(0), size="small")
     >>> fn(params, jnp.ones((1, 8, 8))).shape, count_params(params)
     ((10,), 1374)
 """
