@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linops._batching import batched_map
 from linops.nn._kfac import _trace
 
 
@@ -56,11 +57,7 @@ def kfac_variances(post, inputs, batch: int) -> jax.Array:
             total = total + jnp.sum(g.reshape(g.shape[0], -1) ** 2 * inverse_eigenvalues(i)[None], axis=1)
         return total
 
-    M = inputs.shape[0]
-    b = max(1, min(M, batch))
-    chunks = -(-M // b)
-    X = inputs[jnp.minimum(jnp.arange(chunks * b), M - 1)].reshape((chunks, b) + inputs.shape[1:])
-    return jax.lax.map(jax.vmap(example), X).reshape(chunks * b, -1)[:M]
+    return batched_map(jax.vmap(example), inputs, max(1, min(inputs.shape[0], batch)))
 
 
 def _layer(ggn, L, a, g, inverse_eigenvalues):

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linops._batching import batched_map
 from linops.likelihoods import Bernoulli, Categorical, Gaussian
 from linops.memory import check_fits
 from linops.models import ravel
@@ -88,11 +89,9 @@ def _row_values(post, inputs, b, k, output_covariance):
     """``(M, O)`` variances (or ``(M, O, O)`` covariances) from chunks of ``b`` inputs x ``k`` outputs of Jacobian
     rows, mapped with `jax.lax.map` (one compiled body; never more rows at once)."""
     fn, params, cov = _parts(post)
-    M = inputs.shape[0]
     num_outputs = jax.eval_shape(fn, params, inputs[0]).shape[0]
     P = ravel(params)[0].shape[0]
-    chunks, blocks = -(-M // b), -(-num_outputs // k)
-    X = inputs[jnp.minimum(jnp.arange(chunks * b), M - 1)].reshape((chunks, b) + inputs.shape[1:])
+    blocks = -(-num_outputs // k)
     outs = jnp.where(jnp.arange(blocks * k) < num_outputs, jnp.arange(blocks * k), -1).reshape(blocks, k)
 
     def block(Xc, oc):
@@ -103,16 +102,15 @@ def _row_values(post, inputs, b, k, output_covariance):
         exact = _quadratic_rows(post, rows)  # the structure's own form (e.g. low rank without cancellation)
         if exact is None:
             exact = jnp.sum(rows * cov.mm(rows.T).T, axis=1)
-        return exact.reshape(b, k)
+        return exact.reshape(J.shape[:2])
 
     def chunk(Xc):
         if blocks == 1:
             return block(Xc, outs[0])
         values = jax.lax.map(lambda oc: block(Xc, oc), outs)  # (blocks, b, k)
-        return jnp.moveaxis(values, 0, 1).reshape(b, blocks * k)[:, :num_outputs]
+        return jnp.moveaxis(values, 0, 1).reshape(Xc.shape[0], blocks * k)[:, :num_outputs]
 
-    values = jax.lax.map(chunk, X)
-    return values.reshape((chunks * b,) + values.shape[2:])[:M]
+    return batched_map(chunk, inputs, b)
 
 
 _row_values_jit = eqx.filter_jit(_row_values)
@@ -144,17 +142,12 @@ def _sampled(post, inputs, key, num_samples, full_covariance, output_covariance)
 @eqx.filter_jit
 def _jvp_offsets(post, deltas, inputs):
     r"""``(n, M, O)``: $J(x)\,\delta$ for every row of ``deltas`` and input, inputs mapped in chunks."""
-    M = inputs.shape[0]
-    b = max(1, min(M, 64))
-    chunks = -(-M // b)
-    X = inputs[jnp.minimum(jnp.arange(chunks * b), M - 1)].reshape((chunks, b) + inputs.shape[1:])
-
     def chunk(Xc):
         f = lambda p: jax.vmap(post.fn, in_axes=(None, 0))(p, Xc)  # noqa: E731
-        return jax.vmap(lambda d: jax.jvp(f, (post.params,), (post.unravel(d),))[1])(deltas)  # (n, b, O)
+        offsets = jax.vmap(lambda d: jax.jvp(f, (post.params,), (post.unravel(d),))[1])(deltas)  # (n, b, O)
+        return jnp.moveaxis(offsets, 0, 1)
 
-    values = jax.lax.map(chunk, X)  # (chunks, n, b, O)
-    return jnp.moveaxis(values, 0, 1).reshape(deltas.shape[0], chunks * b, -1)[:, :M]
+    return jnp.moveaxis(batched_map(chunk, inputs, max(1, min(inputs.shape[0], 64))), 0, 1)
 
 
 def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False, output_covariance: bool = False,

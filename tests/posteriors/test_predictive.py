@@ -37,7 +37,7 @@ def test_variances_from_blocks_of_outputs_equal_the_dense_reference(structure, m
     monkeypatch.setattr(predictive, "ROW_BUDGET", 3 * P)  # one input at a time, three outputs per block
     assert predictive._plan(5, 7, P, None, False) == (1, 3)
     assert_close(predictive.linearized(post, Xt)[1], reference, rtol=1e-9)
-    monkeypatch.setattr(predictive, "ROW_BUDGET", 14 * P)  # two inputs per chunk, the last one padded
+    monkeypatch.setattr(predictive, "ROW_BUDGET", 14 * P)  # two inputs per chunk, the last one short
     assert predictive._plan(5, 7, P, None, False) == (2, 7)
     assert_close(predictive.linearized(post, Xt)[1], reference, rtol=1e-9)
     cov = predictive.linearized(post, Xt, output_covariance=True)[1]
