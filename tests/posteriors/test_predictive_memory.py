@@ -18,7 +18,13 @@ SCRIPT = textwrap.dedent("""
     from linops.likelihoods import Categorical
 
     def peak_mb():
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        # VmHWM: this process's own high-water mark. ru_maxrss is not usable here: Linux keeps it across
+        # execve, so a subprocess of a large pytest worker starts with the worker's peak.
+        try:
+            with open("/proc/self/status") as f:
+                return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) / 1024
+        except (OSError, StopIteration):
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
     width, classes, tests, train = (int(a) for a in sys.argv[1:5])
     fn, params = lo.models.from_equinox(eqx.nn.MLP(784, classes, width, 2, activation=jnp.tanh,
