@@ -79,8 +79,10 @@ class AlternatingProjectionOp(LinearOperator):
         store_linearization: keep each batch's linearisation for the sweeps (True), recompute the
             forward pass in every sweep (False), or (None, default) keep it when it fits in memory.
             `stores_linearization` says which was chosen.
-        progress: print the sweep count and residual to stderr as the iteration runs (off by
-            default; it adds a host callback per sweep).
+        progress: show the projection's progress on stderr: one line per projection (of a vector or of
+            a block of them) that is rewritten in place at every sweep, with the sweep count and the
+            residual (the largest over a block's columns), and ended with the outcome. Off by default;
+            it adds a host callback per sweep.
         mesh: a `jax.sharding.Mesh` to split the batches over along ``axis`` (default None: one
             device). Each device builds the Grams, factors and linearisations of its own batches and
             keeps them: they are stored split over the devices, never gathered on one. When the
@@ -190,16 +192,36 @@ class AlternatingProjectionOp(LinearOperator):
         return _project_jit(self, x)
 
     def _project(self, x) -> Projection:
-        x = jnp.asarray(x, self.dtype)
-        if self.method == "plain":
-            callback = _report if self.progress else None
-            value, sweeps, converged, history = _sweeps.repeat(self._sweep, x, self.max_sweeps, self.rtol, callback)
-        else:
-            value, (sweeps, converged, residual) = self._accelerated(lambda u: u - self._sweep(u, symmetric=True), x)
-            history = self._history(sweeps, residual)
-        return Projection(value, sweeps, converged, self._kernel_residual(x, value), history)
+        r"""$\Pi x$ for a vector ``x`` ``(P,)``, or for each column of a block ``x`` ``(P, k)`` at once.
 
-    def _accelerated(self, I_minus_T, X, axis=None):
+        A block runs as one iteration: every sweep is applied to all the columns together (the per-batch
+        products become matrix products, the stored linearisation is read once per sweep, not once per
+        column), each column stops on its own rule and is then frozen, and the iteration ends when the
+        last column has. The fields other than ``value`` then have a leading axis of ``k``.
+        """
+        x = jnp.asarray(x, self.dtype)
+        block = x.ndim == 2
+        sweep = self._sweep
+        if block:
+            sweep = lambda v, symmetric=False: jax.vmap(  # noqa: E731
+                lambda u: self._sweep(u, symmetric), in_axes=1, out_axes=1)(v)
+        report = _Progress(x.shape[1] if block else 1, self.method) if self.progress else None
+        if self.method == "plain":
+            value, sweeps, converged, history = _sweeps.repeat(sweep, x, self.max_sweeps, self.rtol,
+                                                               report and report.step)
+            last = history[jnp.maximum(sweeps - 1, 0)] if not block else \
+                history[jnp.maximum(sweeps - 1, 0), jnp.arange(x.shape[1])]
+            history = history.T if block else history
+        else:
+            value, (sweeps, converged, last) = self._accelerated(lambda u: u - sweep(u, symmetric=True), x,
+                                                                 callback=report and report.step)
+            history = (jax.vmap(self._history) if block else self._history)(sweeps, last)
+        if report is not None:
+            jax.debug.callback(report.done, jnp.max(sweeps), jnp.max(last), jnp.all(converged))
+        kernel_residual = (jax.vmap(self._kernel_residual, in_axes=1) if block else self._kernel_residual)(x, value)
+        return Projection(value, sweeps, converged, kernel_residual, history)
+
+    def _accelerated(self, I_minus_T, X, axis=None, callback=None):
         r"""$X - U$, $U$ from CG on $(I - T) U = (I - T) X$ (``X``: a vector, or a block of columns).
 
         The stopping rule of every path (one device, or the columns on a mesh): relative to
@@ -210,7 +232,6 @@ class AlternatingProjectionOp(LinearOperator):
         stall. Returns ``(value, (sweeps, converged, relative residual))``; a sweep forms $b$.
         """
         B = I_minus_T(X)
-        callback = _report if self.progress and axis is None else None
         U, converged, steps, residual = cg(I_minus_T, B, rtol=self.rtol, atol=self.rtol * jnp.linalg.norm(X, axis=0),
                                            maxiter=self.max_sweeps, patience=_PATIENCE, callback=callback, axis=axis)
         b = jnp.linalg.norm(B, axis=0)
@@ -234,9 +255,11 @@ class AlternatingProjectionOp(LinearOperator):
         on its columns, all in step (the iteration goes on until every column on every device has
         converged; a converged column is frozen), so the factors never move and only vectors do. The
         order differs per device, so the results equal the single-device ones to the projection's
-        tolerance, not bit for bit. Columns left over by an uneven split are projected one by one, as
-        are all of them without a mesh, with ``split_sweeps`` (whose sweeps already use every device) or
-        with ``method="plain"``.
+        tolerance, not bit for bit. Without a mesh (and for columns left over by an uneven split, with
+        ``split_sweeps``, whose sweeps already use every device, or with ``method="plain"``) the columns
+        are projected together in one iteration: each sweep is applied to the whole block, so ``k``
+        vectors cost far less than ``k`` separate projections (`benchmarks/scale.py` measures it), and
+        each column still stops on its own rule.
         ``A @ V`` is this method's ``value``.
 
         Example:
@@ -255,8 +278,7 @@ class AlternatingProjectionOp(LinearOperator):
         ring = (k // devices) * devices if ring_ok else 0
         parts = [_ring_jit(self, V[:, :ring])] if ring else []
         if ring < k:
-            one = jax.vmap(self.project, in_axes=1)(V[:, ring:])
-            parts.append(eqx.tree_at(lambda r: r.value, one, one.value.T))
+            parts.append(_project_jit(self, V[:, ring:]))
         if len(parts) == 1:
             return parts[0]
         joined = [jnp.concatenate([getattr(p, f) for p in parts], axis=0)
@@ -312,9 +334,27 @@ FEW_FREE_DIRECTIONS = 0.5
 """The fraction of rows to parameters from which `AlternatingProjectionOp` warns that the kernel is small."""
 
 
-def _report(sweep, residual):
-    print(f"\rAlternatingProjectionOp: sweep {int(sweep)}, residual {float(residual):.2e}", end="",
-          file=sys.stderr, flush=True)
+class _Progress:
+    """One line on stderr per projection, rewritten in place at every sweep and ended when it finishes."""
+
+    def __init__(self, columns, method):
+        self.what = f"{columns} vectors" if columns > 1 else "1 vector"
+        self.measure = "residual" if method == "cg" else "change"
+        self.offset = 1 if method == "cg" else 0  # CG's steps follow the sweep that forms its right-hand side
+        self.width = 0
+
+    def _write(self, text, end=""):
+        print("\r" + text.ljust(self.width), end=end, file=sys.stderr, flush=True)
+        self.width = 0 if end else max(self.width, len(text))
+
+    def step(self, sweep, residual):
+        self._write(f"AlternatingProjectionOp: {self.what}, sweep {int(sweep) + self.offset}, {self.measure} "
+                    f"{float(residual):.2e}")
+
+    def done(self, sweeps, residual, converged):
+        state = "converged" if converged else "NOT converged"
+        self._write(f"AlternatingProjectionOp: {self.what}, {state} after {int(sweeps)} sweeps, "
+                    f"{self.measure} {float(residual):.2e}", end="\n")
 
 
 __all__ = ["AlternatingProjectionOp", "Projection"]

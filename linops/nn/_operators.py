@@ -14,6 +14,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from linops import _tags
 from linops._base import LinearOperator, new_key
@@ -75,6 +76,8 @@ def ggn_batch_product(fn, params, tangent, xb, yb, lik, lik_axis):
     hjv = per_example_likelihood("hvp", lik, lik_axis, out, yb, jv)
     _, vjp = jax.vjp(f, params)
     return _flat(vjp(hjv)[0])
+
+_ROW_BUDGET = 1 << 25  # numbers of Jacobian rows held at once by the GGN diagonal (128 MB in float32)
 
 
 class _ModelOperator(LinearOperator):
@@ -305,6 +308,14 @@ class GGNOp(_LikelihoodOperator):
         return self._sum(batch, self._data(), chunk)
 
     def _diag(self):
+        # Example n adds the column sums of squares of its K rows A_n J_n (K x P). With many outputs (a
+        # 1,000-class head) the rows are taken in blocks of at most ~2^25 numbers, one `lax.scan` step per
+        # block, and the examples of a batch are bounded the same way: never K x P per example at once.
+        P, K = self.num_params, self.num_outputs
+        per_block = max(1, min(K, _ROW_BUDGET // max(P, 1)))
+        num_blocks = -(-K // per_block)
+        chunk = max(1, min(self.batch_size // per_block, _ROW_BUDGET // (per_block * max(P, 1))))
+
         def batch(data):
             xb, yb, lb = data
             out, _ = jax.vjp(self._batch_fn(xb), self.params)
@@ -312,12 +323,15 @@ class GGNOp(_LikelihoodOperator):
 
             def example(x, A):
                 _, vjp = jax.vjp(lambda p: self.fn(p, x), self.params)
-                rows = jax.vmap(lambda a: _flat(vjp(a)[0]))(A)  # (K, P): the rows of A_n J_n
-                return jnp.sum(rows**2, axis=0)
+                squares = lambda A: jnp.sum(jax.vmap(lambda a: _flat(vjp(a)[0]))(A) ** 2, axis=0)  # noqa: E731
+                if num_blocks == 1:
+                    return squares(A)
+                blocks = jnp.pad(A, ((0, num_blocks * per_block - K), (0, 0))).reshape(num_blocks, per_block, -1)
+                return lax.scan(lambda acc, Ab: (acc + squares(Ab), None), jnp.zeros(P, out.dtype), blocks)[0]
 
             return jnp.sum(jax.vmap(example)(xb, factors), axis=0)
 
-        return self._sum(batch, self._data(), max(1, self.batch_size // self.num_outputs))
+        return self._sum(batch, self._data(), chunk)
 
 
 class LossJacobianOp(_LikelihoodOperator):

@@ -99,26 +99,33 @@ def ring(blocks, V, solve):
 def repeat(sweep, x, max_sweeps, rtol, callback=None):
     r"""The plain method: ``sweep`` applied until it changes the vector by at most ``rtol`` relatively.
 
-    Returns ``(value, sweeps, converged, history)``, ``history[k]`` the relative change of sweep
-    ``k + 1`` (NaN past the last); ``converged`` is always True for ``rtol = 0`` (a fixed number of
-    sweeps). ``callback(sweep, change)`` is called on the host after each sweep.
+    ``x``: one vector ``(P,)``, or a block ``(P, k)`` whose columns stop each on its own (a stopped column
+    is frozen; ``sweep`` is applied to the whole block). Returns ``(value, sweeps, converged, history)``,
+    ``history[s]`` the relative change of sweep ``s + 1`` (NaN past a column's last; ``(max_sweeps, k)`` for
+    a block); ``converged`` is always True for ``rtol = 0`` (a fixed number of sweeps).
+    ``callback(sweep, change)`` is called on the host after each sweep (the largest change of a block).
     """
+    columns = x.shape[1:]
 
     def cond(state):
-        _, k, change, _ = state
-        return (k < max_sweeps) & (change > rtol)
+        _, k, change, _, _ = state
+        return (k < max_sweeps) & jnp.any(change > rtol)
 
     def body(state):
-        v, k, _, history = state
-        new = sweep(v)
-        change = jnp.linalg.norm(new - v) / jnp.maximum(jnp.linalg.norm(v), jnp.finfo(v.dtype).tiny)
+        v, k, change, sweeps, history = state
+        active = change > rtol
+        new = jnp.where(active, sweep(v), v)
+        step = jnp.linalg.norm(new - v, axis=0) / jnp.maximum(jnp.linalg.norm(v, axis=0), jnp.finfo(v.dtype).tiny)
+        change = jnp.where(active, step, change)
         if callback is not None:
-            jax.debug.callback(callback, k + 1, change)
-        return new, k + 1, change, history.at[k].set(change)
+            jax.debug.callback(callback, k + 1, jnp.max(step))
+        history = history.at[k].set(jnp.where(active, step, jnp.nan))
+        return new, k + 1, change, sweeps + active, history
 
-    history = jnp.full(max_sweeps, jnp.nan, x.dtype)
-    v, k, change, history = lax.while_loop(cond, body, (x, jnp.asarray(0), jnp.asarray(jnp.inf, x.dtype), history))
-    return v, k, (change <= rtol) | (rtol == 0), history
+    history = jnp.full((max_sweeps, *columns), jnp.nan, x.dtype)
+    start = (x, jnp.asarray(0), jnp.full(columns, jnp.inf, x.dtype), jnp.zeros(columns, jnp.int32), history)
+    v, _, change, sweeps, history = lax.while_loop(cond, body, start)
+    return v, sweeps, (change <= rtol) | (rtol == 0), history
 
 
 __all__ = ["repeat", "ring", "sequential", "split"]

@@ -172,8 +172,47 @@ def test_progress_reports_sweeps_and_residuals(capsys):
     r = _project(A, x)
     jax.effects_barrier()
     err = capsys.readouterr().err
-    assert f"sweep {int(r.sweeps) - 1}, residual" in err
+    assert f"1 vector, sweep {int(r.sweeps)}, residual" in err
+    assert f"1 vector, converged after {int(r.sweeps)} sweeps" in err
     assert _error(r.value, null, x) < 1e-7
+
+
+def test_progress_is_one_line_per_projection_rewritten_in_place(capsys):
+    params, X, _, null, _ = _setup(12, 8)
+    A = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3, rtol=1e-10, progress=True)
+    V = jnp.asarray(np.random.default_rng(3).standard_normal((A.size, 5)))
+    r = A.project_samples(V)
+    jax.effects_barrier()
+    err = capsys.readouterr().err
+    # One line for the five vectors: every sweep rewrites it (carriage return), one newline ends it.
+    assert err.count("\n") == 1 and err.endswith("\n")
+    assert err.count("\r") == int(r.sweeps.max())  # the first sweep forms CG's right-hand side
+    assert f"5 vectors, converged after {int(r.sweeps.max())} sweeps" in err
+
+
+@pytest.mark.parametrize("method", ["cg", "plain"])
+def test_a_block_of_vectors_is_projected_together_with_each_column_as_if_alone(method):
+    """``project_samples`` runs one iteration for the block; each column equals its own projection, and its
+    diagnostics are its own (a column that starts in the kernel stops at once, the others go on)."""
+    params, X, _, null, _ = _setup(15, 6)
+    options = dict(rtol=1e-10) if method == "cg" else dict(method="plain", rtol=1e-9, max_sweeps=400)
+    A = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=2, **options)
+    rng = np.random.default_rng(4)
+    V = rng.standard_normal((A.size, 4))
+    V[:, 1] = null @ V[:, 1]  # already in the kernel
+    V = jnp.asarray(V)
+    together = A.project_samples(V)
+    alone = [_project(A, V[:, j]) for j in range(4)]
+    assert together.value.shape == (A.size, 4) and together.residuals.shape == (4, A.max_sweeps)
+    for j, r in enumerate(alone):
+        assert_close(together.value[:, j], r.value, rtol=1e-9, atol=1e-12)
+        assert int(together.sweeps[j]) == int(r.sweeps) and bool(together.converged[j]) == bool(r.converged)
+        if j != 1:  # column 1's kernel residual is rounding noise over rounding noise
+            assert_close(together.kernel_residual[j], r.kernel_residual, atol=1e-9)
+        assert _error(together.value[:, j], null, V[:, j]) < 1e-6
+    assert int(together.sweeps[1]) < int(together.sweeps[0])
+    assert together.converged.all()
+    assert_close(A @ V, together.value)
 
 
 def test_stored_linearization_gives_the_same_projector_and_stores_only_activations():

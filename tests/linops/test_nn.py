@@ -318,3 +318,19 @@ def test_swapping_params_with_tree_at_reuses_the_compiled_product():
     G2 = eqx.tree_at(lambda g: g.params, G, new_params)
     assert_close(product(G2, v), lo.GGNOp(fn, new_params, X, y, Categorical(), batch_size=3) @ v, rtol=1e-12)
     assert len(traces) == 1
+
+
+@pytest.mark.parametrize("budget", [1, 2 * 62, 10**9])
+def test_ggn_diagonal_in_blocks_of_outputs_equals_the_dense_one(monkeypatch, budget):
+    """With many outputs the diagonal takes the rows A_n J_n a block of outputs at a time (budget 1: one row
+    per block; 2 x 62: two rows, so the last of 7 outputs is a padded block). Each equals diag of the dense GGN."""
+    from linops.nn import _operators
+
+    out = 7
+    params, X = _params(21, 1, out=out), _inputs(22)
+    Y = jnp.asarray(np.arange(N) % out)
+    G = lo.GGNOp(_mlp(1, jnp.tanh), params, X, Y, Categorical(), batch_size=3)
+    assert G.shape[0] == 62
+    dense = np.diag(np.asarray(G.as_matrix()))
+    monkeypatch.setattr(_operators, "_ROW_BUDGET", budget)
+    assert_close(lo.diag(G), dense, rtol=1e-12)
