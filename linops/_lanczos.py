@@ -59,15 +59,26 @@ class Lanczos(eqx.Module):
         off = self.beta[:-1] * (jnp.arange(self.beta.shape[0] - 1) < self.steps - 1)
         return jnp.diag(self.alpha) + jnp.diag(off, 1) + jnp.diag(off, -1)
 
-    def ritz(self):
+    def ritz(self, A: LinearOperator | None = None):
         """``(values, vectors, residuals)``: Ritz values (descending by magnitude), Ritz vectors
-        ``Q S`` as columns, and their residuals $\\|A u - \\theta u\\| = \\beta_m |s_m|$."""
+        ``Q S`` as columns, and their residuals $\\|A u - \\theta u\\|$.
+
+        Without a restart the residuals come from the recurrence, $\\beta_m |s_m|$, at no cost. A
+        restart drops the (small) remainder that was judged invariant, so the recurrence no longer
+        measures them: they are then computed as $\\|A u - \\theta u\\|$ when ``A`` is given (one
+        product with ``A`` per Ritz pair) and reported as NaN (unknown) when it is not.
+        """
         w, S = jnp.linalg.eigh(self.tridiagonal())
         order = jnp.argsort(-jnp.abs(w))
         w, S = w[order], S[:, order]
         last = jnp.take(S, jnp.maximum(self.steps - 1, 0), axis=0)
         residuals = jnp.abs(self.beta[jnp.maximum(self.steps - 1, 0)] * last)
-        return w, self.Q @ S, residuals
+        U = self.Q @ S
+        if A is None:
+            residuals = jnp.where(self.restarts > 0, jnp.nan, residuals)
+        else:
+            residuals = lax.cond(self.restarts > 0, lambda: _true_residuals(A, U, w), lambda: residuals)
+        return w, U, residuals
 
     def low_rank(self, rank: int) -> LanczosLowRankOp:
         """The top ``rank`` Ritz pairs (by magnitude) as $U \\Lambda U^\\top$."""
@@ -136,6 +147,11 @@ def lanczos(A: LinearOperator, num_steps: int, *, key: jax.Array | None = None, 
     return Lanczos(basis.T, alpha, beta, steps, restarts)
 
 
+def _true_residuals(A, U, w):
+    """$\\|A u_i - w_i u_i\\|$ for the columns of ``U``, one product with ``A`` each."""
+    return jnp.linalg.norm(A.mm(U) - U * w[None, :], axis=0)
+
+
 def _new_direction(Q):
     """The unit coordinate vector least represented in the row space of ``Q``, orthogonalised against it."""
     i = jnp.argmin(jnp.sum(Q**2, axis=0))
@@ -159,13 +175,16 @@ def _forward(A, v0, m, restart):
         Q = Q.at[j].set(q)
         w = A.mv(q)
         a = jnp.vdot(q, w)
+        # The invariance test is relative to this step's own scale ||A q||: what is left after
+        # orthogonalising A q is rounding noise when it is below eps ||A q||. (Against the largest
+        # value seen so far, a dominant eigenvalue would make every later step look invariant.)
+        scale = jnp.linalg.norm(w)
         # Full reorthogonalisation against every basis vector so far, twice; this also removes
         # the a q + b q_prev terms of the three-term recurrence. (Rows past j are zero.)
         w = w - (Q @ w) @ Q
         w = w - (Q @ w) @ Q
         b = jnp.linalg.norm(w)
-        scale = jnp.maximum(jnp.max(jnp.abs(alpha)), jnp.abs(a))
-        invariant = ~(b > tiny * jnp.maximum(scale, jnp.max(beta)))  # (or NaN)
+        invariant = ~(b > tiny * scale)  # (or NaN)
         alpha, beta = alpha.at[j].set(a), beta.at[j].set(jnp.where(invariant, 0.0, b))
         if restart:
             more = invariant & (j + 1 < m)
@@ -279,7 +298,9 @@ class LanczosLowRankOp(LowRank):
     A `LowRank` with orthonormal ``U``: it composes like one (a shift solves by Woodbury,
     `lo.logdet` by the determinant lemma, `lo.pinv` and `lo.sqrt` in closed form).
     ``residuals`` holds each Ritz pair's $\|A u_i - \lambda_i u_i\|$ (the convergence
-    information) and ``steps`` the Lanczos steps run. The run restarts on an invariant Krylov
+    information: from the recurrence, or measured with ``A`` after a restart; NaN when built from
+    an existing restarted `Lanczos` run, which no longer measures them) and ``steps`` the Lanczos
+    steps run. The run restarts on an invariant Krylov
     space (`lanczos` with ``restart=True``), so ``rank`` orthonormal pairs come back whenever
     ``num_steps >= rank``. Differentiable in reverse mode through the adjoint of `lanczos`
     (when no restart was needed).
@@ -313,14 +334,19 @@ class LanczosLowRankOp(LowRank):
             limit = A.shape[0]
         if not isinstance(rank, (int, np.integer)) or not 1 <= rank <= limit:
             raise ValueError(f"LanczosLowRankOp: rank must be an integer in [1, {limit}], got {rank!r}")
+        operator = None
         if not isinstance(A, Lanczos):
             num_steps = min(limit, 2 * int(rank) + 10) if num_steps is None else num_steps
             if isinstance(num_steps, (int, np.integer)) and num_steps < rank:
                 raise ValueError(f"LanczosLowRankOp: num_steps ({num_steps}) must be at least rank ({rank})")
-            run = lanczos(A, num_steps, key=key, restart=True)
-        w, U, residuals = run.ritz()
-        super().__init__(U[:, :rank], w[:rank], orthonormal=True)
-        self.residuals, self.steps = residuals[:rank], run.steps
+            run, operator = lanczos(A, num_steps, key=key, restart=True), A
+        w, U, residuals = run.ritz()  # NaN after a restart: the recurrence no longer measures them
+        U, w, residuals = U[:, :rank], w[:rank], residuals[:rank]
+        if operator is not None:  # measured with A on the kept pairs only
+            residuals = lax.cond(run.restarts > 0, lambda: _true_residuals(operator, U, w), lambda: residuals)
+        super().__init__(U, w, orthonormal=True)
+        self.residuals = residuals
+        self.steps = run.steps
 
 
 __all__ = ["Lanczos", "LanczosLowRankOp", "lanczos"]
