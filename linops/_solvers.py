@@ -30,9 +30,11 @@ class Solution(eqx.Module):
 
     Attributes:
         value: the solution ``x``, shaped like ``b``.
-        converged: whether the stopping rule was met (always True for direct methods).
+        converged: whether the stopping rule was met, judged on the true residual (for direct
+            methods: whether every entry of the solution is finite).
         num_steps: iterations taken (0 for direct methods); one per column of ``b``.
-        residual_norm: ``||b - A x||`` as the iteration measured it (NaN for direct methods).
+        residual_norm: ``||b - A x||`` recomputed from the returned ``x`` (NaN for direct methods:
+            not measured).
     """
 
     value: Inexact[Array, " n *k"]
@@ -43,7 +45,8 @@ class Solution(eqx.Module):
 
 def _direct(x):
     k = () if x.ndim == 1 else (x.shape[1],)
-    return Solution(x, jnp.ones(k, bool), jnp.zeros(k, jnp.int32), jnp.full(k, jnp.nan, x.dtype))
+    finite = jnp.all(jnp.isfinite(x), axis=0)  # a singular or non-finite system gives Inf/NaN: not converged
+    return Solution(x, finite, jnp.zeros(k, jnp.int32), jnp.full(k, jnp.nan, x.dtype))
 
 
 def solve_checked(A, b, method=None, *, rtol=None, atol=0.0, maxiter=None, preconditioner=None,

@@ -40,7 +40,11 @@ class Projection(eqx.Module):
     Attributes:
         value: $\\Pi x$.
         sweeps: sweeps over all batches that were run.
-        converged: whether the stopping rule was met (always True for a fixed ``plain`` run).
+        converged: for ``cg``, whether its stopping rule was met (on the recomputed residual); for
+            ``plain``, whether its stopping rule was met (always, for a fixed run) AND the result is
+            in the kernel to $\|M \Pi x\| \le \sqrt{\epsilon}\,\|M\|_F \|x\|$: a sweep that
+            barely changes the vector is not evidence of convergence when the batches' row spaces
+            are nearly aligned.
         kernel_residual: $\\|M \\Pi x\\| / \\|M x\\|$ (0 for an exact projection; 1 for none).
         residuals: per-iteration residuals (CG's relative residual, or the plain method's
             relative change per sweep), NaN past the last iteration.
@@ -216,9 +220,13 @@ class AlternatingProjectionOp(LinearOperator):
             value, (sweeps, converged, last) = self._accelerated(lambda u: u - sweep(u, symmetric=True), x,
                                                                  callback=report and report.step)
             history = (jax.vmap(self._history) if block else self._history)(sweeps, last)
+        residual = jax.vmap(self._kernel_residual, in_axes=1) if block else self._kernel_residual
+        kernel_residual, remaining = residual(x, value)
+        if self.method == "plain":  # a stopping rule met (or a fixed run) is not yet a projection
+            tol = jnp.sqrt(jnp.finfo(self.dtype).eps) * self.blocks.frobenius_norm
+            converged = converged & (remaining <= tol * jnp.linalg.norm(x, axis=0))
         if report is not None:
             jax.debug.callback(report.done, jnp.max(sweeps), jnp.max(last), jnp.all(converged))
-        kernel_residual = (jax.vmap(self._kernel_residual, in_axes=1) if block else self._kernel_residual)(x, value)
         return Projection(value, sweeps, converged, kernel_residual, history)
 
     def _accelerated(self, I_minus_T, X, axis=None, callback=None):
@@ -229,20 +237,22 @@ class AlternatingProjectionOp(LinearOperator):
         noise with a part outside $\operatorname{range}(I - T)$, and chasing it to a relative tolerance
         diverges. In finite precision the residual levels off and then grows past the attainable
         accuracy (float32: a kernel residual around 1e-4 to 1e-3): keep the best iterate, stop on a
-        stall. Returns ``(value, (sweeps, converged, relative residual))``; a sweep forms $b$.
+        stall. Returns ``(value, (sweeps, converged, relative residual))``; one sweep forms $b$ and one
+        recomputes the final residual.
         """
         B = I_minus_T(X)
         U, converged, steps, residual = cg(I_minus_T, B, rtol=self.rtol, atol=self.rtol * jnp.linalg.norm(X, axis=0),
                                            maxiter=self.max_sweeps, patience=_PATIENCE, callback=callback, axis=axis)
         b = jnp.linalg.norm(B, axis=0)
-        return X - U, (steps + 1, converged, residual / jnp.where(b > 0, b, 1.0))
+        return X - U, (steps + 2, converged, residual / jnp.where(b > 0, b, 1.0))
 
     def _history(self, sweeps, residual):
         return jnp.full(self.max_sweeps, jnp.nan, residual.dtype).at[jnp.maximum(sweeps - 2, 0)].set(residual)
 
     def _kernel_residual(self, x, value):
+        """``(||M value|| / ||M x||, ||M value||)``."""
         before, after = self.blocks.kernel_norm(x), self.blocks.kernel_norm(value)
-        return after / jnp.where(before > 0, before, 1.0)
+        return after / jnp.where(before > 0, before, 1.0), after
 
     def project_samples(self, V) -> Projection:
         r"""$\Pi V$ for a block of vectors ``V`` ``(P, k)`` with its diagnostics, sample-parallel on the mesh.
@@ -288,7 +298,7 @@ class AlternatingProjectionOp(LinearOperator):
     def _ring_project(self, V):
         solve = lambda I_minus_T, block: self._accelerated(I_minus_T, block, axis=self.axis)  # noqa: E731
         value, (sweeps, converged, residual) = _sweeps.ring(self.blocks, V, solve)
-        kernel_residual = jax.vmap(self._kernel_residual, in_axes=1)(V, value)
+        kernel_residual = jax.vmap(self._kernel_residual, in_axes=1)(V, value)[0]
         return Projection(value, sweeps, converged, kernel_residual, jax.vmap(self._history)(sweeps, residual))
 
     def mv(self, v):

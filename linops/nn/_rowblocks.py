@@ -53,6 +53,7 @@ class RowBlocks(eqx.Module):
     data: object
     W: jax.Array
     stored: tuple
+    traces: jax.Array  # (B,) trace of each batch's Gram: ||M_b||_F^2
     forward: Callable = eqx.field(static=True)
     backward: Callable = eqx.field(static=True)
     to_tree: Callable = eqx.field(static=True)
@@ -112,20 +113,21 @@ class RowBlocks(eqx.Module):
             grams, stored = lax.map(gram, data)
             # A separate loop: an eigendecomposition inside the loop above slows its products ~1.7x on CPU.
             shape = (rows.num_rows, rows.size)
-            return lax.map(lambda g: gram_factor(g, shape, cutoff)[0], grams), stored
+            return (lax.map(lambda g: gram_factor(g, shape, cutoff)[0], grams), stored,
+                    jax.vmap(jnp.trace)(grams))
 
         if mesh is None:
-            W, stored = factors(data)
+            W, stored, traces = factors(data)
         else:  # each device factors its own batches, and keeps them
             from jax.sharding import NamedSharding, PartitionSpec
 
             split = PartitionSpec(axis)
             sharded = jax.shard_map(factors, mesh=mesh, in_specs=(leaf_specs(data, split),), out_specs=split,
                                     check_vma=False)(data)
-            W, stored = jax.device_put(sharded, NamedSharding(mesh, split))
+            W, stored, traces = jax.device_put(sharded, NamedSharding(mesh, split))
             data = jax.device_put(data, NamedSharding(mesh, split))
         recipe = traced["recipe"] if store else None  # the recipe traced above, outside any mesh
-        return cls(rows.params, data, W, stored, rows.forward, rows.backward, rows.to_tree, rows.to_flat, recipe,
+        return cls(rows.params, data, W, stored, traces, rows.forward, rows.backward, rows.to_tree, rows.to_flat, recipe,
                    int(rows.size), np.dtype(rows.dtype), mesh, axis)
 
     @property
@@ -159,6 +161,11 @@ class RowBlocks(eqx.Module):
         else:
             g = jax.linear_transpose(linear, t)(c.astype(u.dtype))[0]
         return jax.tree_util.tree_map(lambda a, b: a - b.astype(a.dtype), t, g)
+
+    @property
+    def frobenius_norm(self):
+        r"""$\|M\|_F$ (from the Grams' traces; on a mesh with the repeated last batch counted twice)."""
+        return jnp.sqrt(jnp.sum(self.traces))
 
     def kernel_norm(self, v):
         r"""$\|M v\|$ for a flat vector ``v`` (0 exactly on $\ker M$)."""
