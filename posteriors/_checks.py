@@ -19,11 +19,33 @@ def check_likelihood(likelihood, who: str) -> None:
 
 
 def check_data(data, who: str, what: str = "data") -> tuple:
-    """``data`` is an ``(inputs, targets)`` pair; returns it."""
+    """``data`` is an ``(inputs, targets)`` pair of finite values; returns it."""
     if not (isinstance(data, tuple) and len(data) == 2):
         raise ValueError(f"{who}: {what} must be an (inputs, targets) pair, got "
                          + (f"a tuple of {len(data)}" if isinstance(data, tuple) else type(data).__name__))
+    check_finite(data[0], who, f"the {what}'s inputs")
+    check_finite(data[1], who, f"the {what}'s targets")
     return data
+
+
+def check_finite(tree, who: str, what: str) -> None:
+    """Every floating-point array of ``tree`` is finite (traced arrays have no values to check).
+
+    One NaN or Inf input turns a GGN, a projection or an evidence into NaN (or a projection into the
+    identity): refused here, before any work, naming the first bad example.
+    """
+    for leaf in jax.tree_util.tree_leaves(tree):
+        if isinstance(leaf, jax.core.Tracer) or not hasattr(leaf, "dtype"):
+            continue
+        a = jnp.asarray(leaf)
+        if not jnp.issubdtype(a.dtype, jnp.inexact):
+            continue
+        bad = ~jnp.isfinite(a)
+        if bool(jnp.any(bad)):
+            rows = jnp.any(bad.reshape(a.shape[0], -1), axis=1) if a.ndim else bad[None]
+            raise ValueError(f"{who}: {what} contain {int(jnp.sum(bad))} non-finite values (NaN or Inf), in "
+                             f"{int(jnp.sum(rows))} examples, the first at index {int(jnp.argmax(rows))}; remove or "
+                             "impute them first")
 
 
 def check_params(params, who: str) -> None:

@@ -42,7 +42,7 @@ import linops as lo
 from linops.kernels import Independent, Kernel
 from linops.likelihoods import Likelihood
 from linops.models import ravel
-from posteriors._checks import check_data, check_likelihood, check_params
+from posteriors._checks import check_data, check_finite, check_likelihood, check_params
 from posteriors.gaussian import LowRankPosterior
 
 
@@ -355,6 +355,7 @@ def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likeliho
     check_params(params, who)
     X, Y = data
     C = jnp.asarray(context_points)
+    check_finite(C, who, "the context points")
     num_outputs = _outputs(fn, params, C, who)
     kernel = prior.kernel_for(num_outputs, who)
     kernel.check_inputs(C)

@@ -112,7 +112,29 @@ class LaplacePosterior(GaussianPosterior):
             scale, lik = _noise_scale(self, sigma, "with_prior")
             loss = gaussian_loss(self.residual_ss, self.num_examples, lik.sigma)
         return eqx.tree_at(lambda p: (p.prior_precision, p.noise_scale, p.likelihood, p.loss, p.factor), self,
-                           (alpha, scale, lik, loss, self.ggn.factorize(alpha, scale)), is_leaf=lambda x: x is None)
+                           (alpha, scale, lik, loss, _factorize(self.ggn, alpha, scale, "with_prior")),
+                           is_leaf=lambda x: x is None)
+
+
+def _factorize(ggn, alpha, scale, who):
+    """The structure's factorisation at ``(alpha, scale)``, refused when it is not finite.
+
+    A Cholesky factor of a precision that is not numerically positive definite (a rank-deficient GGN with
+    a prior precision near the dtype's rounding of its largest eigenvalues) is NaN; every sample,
+    prediction and evidence would silently be NaN with it. A traced factor (under ``jax.jit``) cannot be
+    checked here.
+    """
+    factor = ggn.factorize(alpha, scale)
+    leaves = [a for a in jax.tree_util.tree_leaves(factor) if isinstance(a, jax.Array)]
+    if leaves and not any(isinstance(a, jax.core.Tracer) for a in leaves):
+        if not all(bool(jnp.all(jnp.isfinite(a))) for a in leaves):
+            a = jnp.asarray(alpha)
+            prior = f"{float(a):.3g}" if a.size == 1 else f"in [{float(a.min()):.3g}, {float(a.max()):.3g}]"
+            raise ValueError(
+                f"{who}: the posterior precision (GGN / {float(scale):.3g} + prior precision {prior}) is not "
+                f"numerically positive definite in {leaves[0].dtype}: its Cholesky factor is not finite. Use a "
+                "larger prior precision (at least about eps x the GGN's largest eigenvalue), or float64 parameters")
+    return factor
 
 
 def gaussian_loss(residual_ss, num_examples, sigma):
@@ -309,7 +331,8 @@ def make_posterior(fn, params, X, Y, likelihood, structure, ggn, alpha, subset, 
     return LaplacePosterior(fn=fn, params=params, unravel=unravel, structure=structure, likelihood=likelihood,
                             ggn=ggn, prior_precision=alpha, noise_scale=scale, subset=subset,
                             subset_leaves=subset_leaves, loss=loss, residual_ss=rss, num_examples=int(out.shape[0]),
-                            factor=ggn.factorize(alpha, scale))
+                            factor=_factorize(ggn, alpha, scale, "subnetwork_laplace" if structure == "subnetwork"
+                                              else f"laplace(structure={structure!r})"))
 
 
 __all__ = ["LaplacePosterior", "STRUCTURES", "laplace", "last_layer_leaves"]

@@ -12,12 +12,15 @@ which is the optimal prior VARIANCE; its own appendix A.3 gives the precision us
 
 from __future__ import annotations
 
+import warnings
+
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 import linops as lo
 from linops.models import ravel
-from posteriors._checks import check_data, check_likelihood, check_params
+from posteriors._checks import check_data, check_finite, check_likelihood, check_params
 from posteriors.gaussian import GaussianPosterior
 
 
@@ -33,12 +36,21 @@ class ProjectedPosterior(GaussianPosterior):
             by ``"optimal"``, else None.
         trace_draws: the projected Gaussian probes $\Pi\varepsilon_i$ of that estimate, shape
             ``(P, k)`` (None without ``"optimal"``); `trace_samples` turns them into samples.
+        projection_converged: whether every probe's projection converged (None without
+            ``"optimal"``).
+
+    Convergence policy: a projection that did not converge is not exactly in $\ker J$, so its samples
+    move the training predictions. It is never passed on silently: building the posterior warns
+    (``UserWarning``) when a trace probe's projection did not converge and records it in
+    ``projection_converged``; `sample` warns when a sample's did not (eagerly; under ``jax.jit`` use
+    ``projection.project_samples`` for the flags).
     """
 
     projection: lo.AlternatingProjectionOp
     prior_precision: jax.Array
     trace_estimate: lo.Estimate | None
     trace_draws: jax.Array | None
+    projection_converged: jax.Array | None = None
 
     @property
     def covariance(self) -> lo.LinearOperator:
@@ -56,7 +68,9 @@ class ProjectedPosterior(GaussianPosterior):
         """
         eps = jax.random.normal(key, (self.mean.shape[0], n), self.mean.dtype)
         if mesh is None or self.projection.mesh is not None:  # a projection on a mesh already uses it
-            projected = self.projection @ eps
+            result = self.projection.project_samples(eps)
+            projected = result.value
+            _warn_unconverged(result, "ProjectedPosterior.sample", f"{n} samples")
         else:
             projected = lo.sharded_mm(self.projection, eps, mesh, axis)
         return self.mean[None, :] + projected.T / jnp.sqrt(self.prior_precision)
@@ -92,19 +106,51 @@ def optimal_prior_precision(projection: lo.AlternatingProjectionOp, theta, key, 
         >>> bool(abs(est.value - 1.0) < 4 * est.standard_error)   # Tr = 1 (rank 1, ||theta||^2 = 4)
         True
     """
-    alpha, estimate, _ = _optimal(projection, theta, key, num_samples)
+    alpha, estimate, _, _ = _optimal(projection, theta, key, num_samples)
     return alpha, estimate
 
 
 def _optimal(projection, theta, key, num_samples):
+    """``(alpha, estimate, draws, converged)``; refuses a rank that is not significantly positive."""
+    who = "optimal_prior_precision"
     if num_samples < 2:
-        raise ValueError(f"optimal_prior_precision: num_samples must be >= 2 for a standard error, got {num_samples}")
-    eps = jax.random.normal(key, (projection.shape[0], num_samples), projection.dtype)
-    draws = projection @ eps  # (P, k): also N(0, Pi) samples
+        raise ValueError(f"{who}: num_samples must be >= 2 for a standard error, got {num_samples}")
+    P = projection.shape[0]
+    eps = jax.random.normal(key, (P, num_samples), projection.dtype)
+    result = projection.project_samples(eps)
+    draws = result.value  # (P, k): also N(0, Pi) samples
+    _warn_unconverged(result, who, f"{num_samples} trace probes")
     per_probe = jnp.sum(eps * draws, axis=0)
     estimate = lo.Estimate(jnp.mean(per_probe), jnp.std(per_probe, ddof=1) / jnp.sqrt(num_samples), num_samples)
-    rank = projection.shape[0] - estimate.value
-    return rank / jnp.sum(jnp.asarray(theta) ** 2), estimate, draws
+    # The GGN's rank r = P - Tr(Pi), in [0, P]. When the estimate does not put it clearly above 0 (within two
+    # standard errors; e.g. more Jacobian rows than parameters, where Tr(Pi) ~ 0 is estimated as ~P), alpha*
+    # would be ~0 or negative and every sample NaN: refused.
+    rank = jnp.clip(P - estimate.value, 0.0, P)
+    norm2 = jnp.sum(jnp.asarray(theta) ** 2)
+    bad = (rank <= 2 * estimate.standard_error) | ~(norm2 > 0)
+    message = (f"{who}: the estimated rank of the GGN, P - Tr(Pi), is not significantly positive (or ||theta||^2 "
+               "is 0), so alpha* = rank / ||theta||^2 is not a positive prior precision")
+    if not isinstance(bad, jax.core.Tracer):
+        if bool(bad):
+            raise ValueError(f"{message}: P = {P}, Tr(Pi) = {float(estimate.value):.1f} +- "
+                             f"{float(estimate.standard_error):.1f} ({num_samples} probes), ||theta||^2 = "
+                             f"{float(norm2):.3g}. The kernel of J is (nearly) the whole space's complement of "
+                             "nothing: use more trace probes, fewer examples or the loss-projected posterior, or "
+                             "pass a positive prior_precision")
+    else:
+        rank = eqx.error_if(rank, bad, message)
+    return rank / norm2, estimate, draws, jnp.all(result.converged)
+
+
+def _warn_unconverged(result, who, what):
+    """Warn (eagerly) when some columns of a `linops.Projection` did not converge."""
+    converged = result.converged
+    if isinstance(converged, jax.core.Tracer) or bool(jnp.all(converged)):
+        return
+    warnings.warn(f"{who}: the projections of {int(jnp.sum(~converged))} of {what} did not converge (largest "
+                  f"kernel residual ||J Pi x|| / ||J x|| = {float(jnp.max(result.kernel_residual)):.2e}, after "
+                  f"{int(jnp.max(result.sweeps))} sweeps): they are not exactly in the kernel of J. Raise max_sweeps, "
+                  "loosen rtol, or use fewer examples or the loss-projected posterior", stacklevel=3)
 
 
 def _check_prior(prior_precision, key, who):
@@ -123,11 +169,11 @@ def _check_prior(prior_precision, key, who):
 def _build(fn, params, projection, prior_precision, key, num_trace_samples):
     flat, unravel = ravel(params)
     if isinstance(prior_precision, str):
-        alpha, estimate, draws = _optimal(projection, flat, key, num_trace_samples)
+        alpha, estimate, draws, converged = _optimal(projection, flat, key, num_trace_samples)
     else:
-        alpha, estimate, draws = jnp.asarray(prior_precision, flat.dtype), None, None
+        alpha, estimate, draws, converged = jnp.asarray(prior_precision, flat.dtype), None, None, None
     return ProjectedPosterior(fn=fn, params=params, unravel=unravel, projection=projection, prior_precision=alpha,
-                              trace_estimate=estimate, trace_draws=draws)
+                              trace_estimate=estimate, trace_draws=draws, projection_converged=converged)
 
 
 def projected_posterior(fn, params, data, *, batch_size: int, prior_precision=1.0, key=None,
@@ -157,6 +203,7 @@ def projected_posterior(fn, params, data, *, batch_size: int, prior_precision=1.
     check_params(params, "projected_posterior")
     _check_prior(prior_precision, key, "projected_posterior")
     inputs = data[0] if isinstance(data, tuple) else data
+    check_finite(inputs, "projected_posterior", "the inputs")
     projection = lo.AlternatingProjectionOp.from_jacobian(fn, params, inputs, batch_size=batch_size,
                                                           **projection_options)
     return _build(fn, params, projection, prior_precision, key, num_trace_samples)

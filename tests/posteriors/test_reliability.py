@@ -1,0 +1,123 @@
+"""Issue 19's silent wrong answers, each now a clear error or an announced result.
+
+Non-finite data, a precision that is not numerically positive definite, a projection that did not
+converge, and an "optimal" prior precision from a rank that is not significantly positive.
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import linops as lo
+import posteriors as pst
+from linops.kernels import Matern32
+from linops.likelihoods import Gaussian
+from posteriors.projected import optimal_prior_precision
+
+
+def _linear(P=20, N=5, dtype=jnp.float64, seed=0):
+    rng = np.random.default_rng(seed)
+    X = jnp.asarray(rng.standard_normal((N, P)), dtype)
+    y = jnp.asarray(rng.standard_normal((N, 1)), dtype)
+    return (lambda p, x: p["W"] @ x), {"W": jnp.zeros((1, P), dtype)}, X, y
+
+
+def _mlp(seed=0, n=12):
+    rng = np.random.default_rng(seed)
+    params = {"W1": jnp.asarray(rng.standard_normal((6, 3))), "b1": jnp.zeros(6),
+              "W2": jnp.asarray(rng.standard_normal((3, 6)) / 3), "b2": jnp.zeros(3)}
+    fn = lambda p, x: p["W2"] @ jnp.tanh(p["W1"] @ x + p["b1"]) + p["b2"]  # noqa: E731
+    return fn, params, jnp.asarray(rng.standard_normal((n, 3))), jnp.asarray(np.arange(n) % 3)
+
+
+@pytest.mark.parametrize("where", ["input NaN", "input Inf", "target NaN"])
+def test_non_finite_data_is_refused_by_every_posterior_before_any_work(where):
+    fn, w, X, y = _linear()
+    if where == "input NaN":
+        X = X.at[3, 2].set(jnp.nan)
+    elif where == "input Inf":
+        X = X.at[3, 2].set(jnp.inf)
+    else:
+        y = y.at[3, 0].set(jnp.nan)
+    what = "targets" if where == "target NaN" else "inputs"
+    match = f"{what} contain 1 non-finite values .* the first at index 3"
+    calls = [
+        lambda: pst.laplace(fn, w, (X, y), Gaussian(1.0), structure="diag"),
+        lambda: pst.subnetwork_laplace(fn, w, (X, y), Gaussian(1.0), pst.subnetwork.largest_magnitude(w, 3)),
+        lambda: pst.fsp_laplace(fn, w, (X, y), Matern32(0.5), X[:2], likelihood=Gaussian(1.0)),
+        lambda: pst.loss_projected_posterior(fn, w, (X, y), Gaussian(1.0), batch_size=2),
+    ]
+    if what == "inputs":  # the projected posterior needs no targets
+        calls.append(lambda: pst.projected_posterior(fn, w, X, batch_size=2))
+    for call in calls:
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
+def test_fsp_laplace_refuses_non_finite_context_points():
+    fn, w, X, y = _linear()
+    with pytest.raises(ValueError, match="fsp_laplace: the context points contain 1 non-finite values"):
+        pst.fsp_laplace(fn, w, (X, y), Matern32(0.5), X[:3].at[1, 0].set(jnp.nan), likelihood=Gaussian(1.0))
+
+
+@pytest.mark.parametrize("structure", ["full", "last_layer", "subnetwork"])
+def test_a_precision_that_is_not_positive_definite_in_float32_is_refused(structure):
+    """A rank-deficient GGN (20 parameters, 5 examples) with prior precision 1e-9 in float32 (the issue saw
+    it at 1e-6 on a trained net): the Cholesky factor was NaN and so were samples, predictions and
+    evidence, silently."""
+    fn, w, X, y = _linear(dtype=jnp.float32)
+    match = r"not numerically positive definite in float32.*larger prior precision"
+    if structure == "subnetwork":
+        sub = pst.subnetwork.largest_magnitude(jax.tree_util.tree_map(lambda a: a + 1.0, w), 15)
+        with pytest.raises(ValueError, match="subnetwork_laplace: .*" + match):
+            pst.subnetwork_laplace(fn, w, (X, y), Gaussian(1.0), sub, prior_precision=1e-9, rescale_prior=False)
+        return
+    with pytest.raises(ValueError, match=match):
+        pst.laplace(fn, w, (X, y), Gaussian(1.0), structure=structure, prior_precision=1e-9)
+    post = pst.laplace(fn, w, (X, y), Gaussian(1.0), structure=structure, prior_precision=1.0)
+    assert bool(jnp.all(jnp.isfinite(post.sample(jax.random.key(0), 3))))
+    with pytest.raises(ValueError, match="with_prior: .*" + match):
+        post.with_prior(1e-9)
+
+
+def test_an_unconverged_projection_is_announced_and_recorded():
+    fn, params, X, _ = _mlp()
+    with pytest.warns(UserWarning, match=r"projections of \d+ of 8 trace probes did not converge"):
+        post = pst.projected_posterior(fn, params, X, batch_size=4, prior_precision="optimal",
+                                       key=jax.random.key(0), num_trace_samples=8, max_sweeps=2)
+    assert not bool(post.projection_converged)
+    with pytest.warns(UserWarning, match="ProjectedPosterior.sample: the projections of"):
+        post.sample(jax.random.key(1), 3)
+    good = pst.projected_posterior(fn, params, X[:4], batch_size=2, prior_precision="optimal",
+                                   key=jax.random.key(0), num_trace_samples=8)
+    assert bool(good.projection_converged)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        good.sample(jax.random.key(1), 3)
+
+
+def test_optimal_prior_precision_refuses_a_rank_that_is_not_significantly_positive():
+    """More Jacobian rows than parameters: Tr(Pi) ~ P, the estimated rank P - Tr(Pi) can come out negative
+    (alpha* = -0.268 on a CNN, then NaN samples and an AUROC of 0.5). Refused with the numbers."""
+    fn, params, X, _ = _mlp(n=40)  # 120 rows for 45 parameters: the kernel is trivial, rank = P
+    P = 45
+    # A projector onto a trivial kernel has Tr = 0: the rank is P, clearly positive, so this is accepted...
+    post = pst.projected_posterior(fn, params, X, batch_size=8, prior_precision="optimal", key=jax.random.key(0),
+                                   num_trace_samples=8)
+    assert float(post.prior_precision) > 0
+    assert abs(float(post.trace_estimate.value)) < 1e-3 * P
+    # A rank that the noisy estimate does not put clearly above zero: one row for 45 parameters, rank 1 while
+    # 8 Hutchinson probes of Tr(Pi) = 44 have a standard error of about 3; refused, with the numbers.
+    Pi = lo.AlternatingProjectionOp.from_matrix(jnp.ones((1, P)), batch_size=1)
+    with pytest.raises(ValueError, match=r"not significantly positive.*P = 45, Tr\(Pi\) = 4\d\.\d \+- "):
+        optimal_prior_precision(Pi, jnp.ones(P), jax.random.key(0), 8)
+    alpha, estimate = optimal_prior_precision(Pi, jnp.ones(P), jax.random.key(0), 4000)  # enough probes: rank 1
+    assert abs(float(estimate.value) - 44) < 4 * float(estimate.standard_error)
+    # ...and zero weights cannot give a positive alpha* (||theta||^2 = 0)
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+    with pytest.raises(ValueError, match="not significantly positive .*P = 45"):
+        pst.projected_posterior(fn, zeros, X[:2], batch_size=2, prior_precision="optimal", key=jax.random.key(0),
+                                num_trace_samples=8)
