@@ -25,7 +25,7 @@ def cg(matvec, b, *, x0=None, rtol, atol=0.0, maxiter, precondition=None, callba
 
     Returns ``(x, converged, steps, residual_norm)``: ``x`` shaped like ``b``; the others scalars,
     or one per column. ``matvec`` and ``precondition`` act on arrays shaped like ``b``.
-    ``residual_norm`` is the true $\|b - A x\|$, recomputed from the returned ``x`` with one more
+    ``residual_norm`` is the true $\\|b - A x\\|$, recomputed from the returned ``x`` with one more
     ``matvec`` (not the recursive residual, which drifts from it in finite precision), and
     ``converged`` judges that one.
 

@@ -49,7 +49,18 @@ def check_finite(tree, who: str, what: str) -> None:
 
 
 def check_params(params, who: str) -> None:
-    """The trained parameters are finite (a traced pytree has no values to check)."""
+    """The trained parameters are float32 or float64, and finite (a traced pytree has no values to check).
+
+    Half precision is refused by name: the posteriors' factorisations (Cholesky, eigh, Lanczos' small
+    eigenproblems) have no float16/bfloat16 LAPACK kernels, and their rounding (eps ~ 1e-3 and 8e-3) would
+    swamp a GGN's small eigenvalues anyway.
+    """
+    for leaf in jax.tree_util.tree_leaves(params):
+        dtype = jnp.result_type(leaf)
+        if dtype in (jnp.float16, jnp.bfloat16):
+            raise TypeError(f"{who}: params hold {dtype} arrays; posteriors need float32 or float64 parameters "
+                            "(their factorisations have no half-precision kernels): cast them first, e.g. "
+                            "jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), params)")
     flat, _ = ravel(params)
     if not isinstance(flat, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(flat))):
         raise ValueError(f"{who}: params contain non-finite values")

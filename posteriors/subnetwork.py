@@ -39,7 +39,7 @@ from linops.likelihoods import Likelihood
 from linops.memory import check_fits, format_bytes
 from linops.models import check_indices, ravel, restrict
 from posteriors import _structures as S
-from posteriors._checks import check_data, check_likelihood
+from posteriors._checks import check_data, check_likelihood, check_params
 from posteriors.laplace_family import LaplacePosterior, _canonical_prior, last_layer_leaves, make_posterior
 
 #: What `subnetwork_laplace` keeps per subnetwork weight pair: the GGN block, its Cholesky factor
@@ -294,7 +294,8 @@ def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Sub
     $E_s^\top G E_s$ is the dense GGN of the model restricted to the subset
     (`linops.models.restrict`): its Jacobian rows come from reverse passes that stop at the
     leaves holding selected weights, never from the full Jacobian. The other weights stay at
-    $\theta^*$.
+    $\theta^*$. It also runs on a traced subnetwork (``jax.jit``, or ``eqx.filter_eval_shape`` to
+    build the free template `posteriors.load` reads a saved posterior into).
 
     Args:
         fn: per-example model ``fn(params, x) -> (O,)`` (as for `posteriors.laplace`).
@@ -336,6 +337,7 @@ def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Sub
                         f"got {type(subnetwork).__name__}")
     check_likelihood(likelihood, who)
     check_data(data, who)
+    check_params(params, who)
     flat, _ = ravel(params)
     P, s = flat.shape[0], subnetwork.size
     if subnetwork.num_params != P:
@@ -344,14 +346,30 @@ def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Sub
                "GGN, precision and Cholesky factor)", "choose fewer weights: posteriors.subnetwork.size_for_memory "
                "gives the largest S that fits")
     X, Y = data
-    indices = np.asarray(subnetwork.indices)
-    fn_S, theta_S = restrict(fn, params, indices)
+    if isinstance(subnetwork.indices, jax.core.Tracer):
+        # Traced (jax.jit, eqx.filter_eval_shape): which leaves hold the weights is unknown, so the
+        # subset is scattered into the whole flat vector; same values, derivatives through all leaves.
+        indices = subnetwork.indices
+        fn_S, theta_S = _restrict_traced(fn, params, indices)
+    else:
+        fn_S, theta_S = restrict(fn, params, np.asarray(subnetwork.indices))
+        indices = jnp.asarray(np.asarray(subnetwork.indices))
     G = lo.GGNOp(fn_S, theta_S, X, Y, likelihood, batch_size=batch_size, mesh=mesh).as_matrix()
     ggn = S.FullGGN(G)
-    alpha = _canonical_prior(prior_precision, params, jnp.asarray(indices), "subnetwork", ggn, who)
+    alpha = _canonical_prior(prior_precision, params, indices, "subnetwork", ggn, who)
     if rescale_prior:
         alpha = alpha * (s / P)
-    return make_posterior(fn, params, X, Y, likelihood, "subnetwork", ggn, alpha, jnp.asarray(indices), None)
+    return make_posterior(fn, params, X, Y, likelihood, "subnetwork", ggn, alpha, indices, None)
+
+
+def _restrict_traced(fn, params, indices):
+    """`linops.models.restrict` for traced ``indices`` (already checked when the `Subnetwork` was made)."""
+    flat, unravel = ravel(params)
+
+    def fn_S(v, x):
+        return fn(unravel(flat.at[indices].set(v.astype(flat.dtype))), x)
+
+    return fn_S, flat[indices]
 
 
 __all__ = [

@@ -42,7 +42,7 @@ class Projection(eqx.Module):
         sweeps: sweeps over all batches that were run.
         converged: for ``cg``, whether its stopping rule was met (on the recomputed residual); for
             ``plain``, whether its stopping rule was met (always, for a fixed run) AND the result is
-            in the kernel to $\|M \Pi x\| \le \sqrt{\epsilon}\,\|M\|_F \|x\|$: a sweep that
+            in the kernel to $\\|M \\Pi x\\| \\le \\sqrt{\\epsilon}\\,\\|M\\|_F \\|x\\|$: a sweep that
             barely changes the vector is not evidence of convergence when the batches' row spaces
             are nearly aligned.
         kernel_residual: $\\|M \\Pi x\\| / \\|M x\\|$ (0 for an exact projection; 1 for none).

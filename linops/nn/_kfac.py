@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linops._batching import check_mesh, num_examples, sharded_sum
+from linops.memory import check_fits
 from linops.nn._kfac_layers import tapped_layers
 from linops.nn._operators import _check_batch_size, _check_likelihood, _check_model
 from linops.nn.likelihoods import Likelihood
@@ -121,6 +122,18 @@ def _default_batch_size(layers, rows, n):
     return int(max(1, min(n, (1 << 24) // max(per_example, 1))))
 
 
+def _check_factors_fit(layers, params, who):
+    """Refuse, before any pass over the data, factors that cannot fit: the sums over the batches and one
+    batch's terms are alive together (a dense layer on 60,000 inputs has a 60,000 x 60,000 input factor)."""
+    dtype = jnp.result_type(*[a.dtype for a in jax.tree_util.tree_leaves(params)])
+    numbers = sum(L.groups * (L.num_in**2 + L.num_out**2) + (L.num_out**2 if L.bias is not None else 0)
+                  for L in layers)
+    widest = max(layers, key=lambda L: L.num_in)
+    check_fits(2 * numbers * np.dtype(dtype).itemsize,
+               f"{who}: the Kronecker factors of {len(layers)} layers (the widest with {widest.num_in} inputs)",
+               "leave the widest layers out of KFAC (a diagonal or last-layer posterior), or reduce their width")
+
+
 def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, approximation: str = "expand",
          batch_size: int | None = None, mesh=None, axis: str = "data") -> KFAC:
     r"""KFAC factors of the GGN of ``fn`` at ``params`` over the data: one pass over the batches.
@@ -168,6 +181,7 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, appro
     if not layers:
         raise ValueError(f"{who}: found no dense layer (a product of a 2-D parameter with an activation) and no "
                          "convolution with a parameter kernel in fn's program; KFAC needs at least one")
+    _check_factors_fit(layers, params, who)
     if batch_size is None:  # the likelihood's Hessian factor has at most O rows
         batch_size = _default_batch_size(layers, num_outputs, n)
     lik = likelihood if likelihood.per_example else None

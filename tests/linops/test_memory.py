@@ -46,3 +46,23 @@ def test_program_bytes_of_a_ggn_product_grow_with_the_batch_not_the_data():
     assert small >= data + P * X.dtype.itemsize
     assert large > small  # activations of 256 examples at once against 8
     assert program_bytes(lo.Dense(jnp.eye(4)), num_vectors=3) >= (16 + 12 + 12) * jnp.eye(1).dtype.itemsize
+
+
+def test_kfac_factors_that_cannot_fit_are_refused_before_any_pass(monkeypatch):
+    """A dense layer on 60,000 inputs: its input factor alone is 60,000² floats (14 GB in float32)."""
+    calls = []
+
+    def fn(p, x):
+        calls.append(1)  # traced once to find the layers; a pass over the data would trace the batch function
+        return p["W"] @ x
+
+    params = {"W": jnp.zeros((2, 60_000), jnp.float32)}
+    X, Y = jnp.zeros((3, 60_000), jnp.float32), jnp.zeros((3,), jnp.int32)
+    monkeypatch.setattr(lo.memory, "available_bytes", lambda device=None: 10 * 2**30)
+    with pytest.raises(MemoryBudgetError, match=r"kfac: the Kronecker factors of 1 layers \(the widest with 60000 "
+                                                r"inputs\) needs 28\.8 GB but only 10\.7 GB"):
+        lo.kfac(fn, params, X, Y, Categorical())
+    traced = len(calls)
+    small = {"W": jnp.zeros((2, 30), jnp.float32)}
+    lo.kfac(fn, small, X[:, :30], Y, Categorical())
+    assert traced <= 2 and len(calls) > traced

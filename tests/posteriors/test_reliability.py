@@ -121,3 +121,18 @@ def test_optimal_prior_precision_refuses_a_rank_that_is_not_significantly_positi
     with pytest.raises(ValueError, match="not significantly positive .*P = 45"):
         pst.projected_posterior(fn, zeros, X[:2], batch_size=2, prior_precision="optimal", key=jax.random.key(0),
                                 num_trace_samples=8)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_half_precision_parameters_are_refused_by_name(dtype):
+    """They failed with a raw LAPACK error from deep inside a factorisation."""
+    fn, w, X, y = _linear()
+    half = jax.tree_util.tree_map(lambda a: a.astype(dtype), w)
+    match = f"params hold {jnp.dtype(dtype).name} arrays; posteriors need float32 or float64"
+    for call in (lambda: pst.laplace(fn, half, (X, y), Gaussian(1.0), structure="full"),
+                 lambda: pst.projected_posterior(fn, half, X, batch_size=2),
+                 lambda: pst.subnetwork_laplace(fn, half, (X, y), Gaussian(1.0),
+                                                pst.subnetwork.largest_magnitude(w, 3)),
+                 lambda: pst.fsp_laplace(fn, half, (X, y), Matern32(0.5), X[:2], likelihood=Gaussian(1.0))):
+        with pytest.raises(TypeError, match=match):
+            call()
