@@ -222,3 +222,30 @@ def test_parameters_of_no_recognised_layer_are_listed_not_dropped():
     leaves = jax.tree_util.tree_leaves(params)
     assert sorted(leaves[i].shape for i in K.other_leaves) == [(5, 3), (5, 3)]  # the norm's scale and shift
     assert K.positions == (5,) and K.kinds == ("dense",) and None not in K.bias_leaves
+
+
+def test_factors_of_a_multi_output_linear_gaussian_layer_in_closed_form_in_either_weight_layout():
+    """W x + b with W (3, 4) and one noise scale per output: the output factor is N diag(1/sigma_o^2)
+    (3 x 3), the input factor X^T X / N (4 x 4), the bias block N diag(1/sigma_o^2). For W (out, in) the
+    output factor comes first (G_W = B (x) A in row-major order); for x @ W with W (in, out) second. Three
+    outputs, four inputs and unequal noise make a swap change the shapes and the values."""
+    rng = np.random.default_rng(12)
+    N = 25
+    X = jnp.asarray(rng.standard_normal((N, 4)) @ rng.standard_normal((4, 4)))
+    sigma = jnp.array([0.3, 0.5, 0.8])
+    B = N * np.diag(1.0 / np.asarray(sigma) ** 2)
+    A = np.asarray(X).T @ np.asarray(X) / N
+    W = jnp.asarray(rng.standard_normal((3, 4)))
+    Y = jnp.zeros((N, 3))
+    for fn, p, expected in ((lambda p, x: p["W"] @ x + p["b"], {"W": W, "b": jnp.zeros(3)}, (B, A)),
+                            (lambda p, x: x @ p["W"] + p["b"], {"W": W.T, "b": jnp.zeros(3)}, (A, B))):
+        K = lo.kfac(fn, p, X, Y, Gaussian(sigma))
+        assert K.weight_leaves == (0,) and K.bias_leaves == (1,)
+        first, second = K.factors[0]
+        assert first.shape == expected[0].shape and second.shape == expected[1].shape
+        assert_close(first, expected[0], rtol=1e-12)
+        assert_close(second, expected[1], rtol=1e-12)
+        assert_close(K.bias_blocks[0], B, rtol=1e-12)
+        G = np.asarray(lo.GGNOp(fn, p, X, Y, Gaussian(sigma)).as_matrix())
+        assert_close(np.kron(first, second), G[:12, :12], rtol=1e-10)  # B constant over examples: exact
+        assert_close(K.bias_blocks[0], G[12:, 12:], rtol=1e-10)

@@ -401,3 +401,52 @@ def test_last_layer_is_the_last_dense_layer_in_the_program_for_nnx_and_after_a_p
     assert idx.size == 15
     G = np.asarray(lo.GGNOp(fn, params, X, y, Categorical()).as_matrix())[np.ix_(idx, idx)]
     assert_close(post.ggn.precision(ALPHA, 1.0).as_matrix(), G + ALPHA * np.eye(15), rtol=1e-10)
+
+
+@pytest.mark.parametrize("sigma", [SIGMA, (0.3, 0.5, 0.8)], ids=["scalar-sigma", "per-output-sigma"])
+def test_kfac_of_a_multi_output_linear_gaussian_model_is_exact_in_row_major_order(sigma):
+    """f(W, x) = W x + b with W (3, 4): with centred inputs KFAC is exact, and with three outputs and four
+    inputs its two Kronecker factors cannot be swapped unnoticed (one output, as in
+    `test_bayesian_linear_regression_is_exact`, makes the output factor a scalar). The GGN of the row-major
+    vec(W) (index o * 4 + i) is diag(1/sigma_o^2) (x) X^T X, not X^T X (x) diag(1/sigma_o^2); that of b is
+    N diag(1/sigma_o^2); the weight-bias block is zero. Everything below is built by hand from the per-example
+    Jacobians J_n = [I_3 (x) x_n^T, I_3], and the evidence is that of three Bayesian linear regressions."""
+    rng = np.random.default_rng(11)
+    N, d_in, d_out = 30, 4, 3
+    X = rng.standard_normal((N, d_in)) @ rng.standard_normal((d_in, d_in))  # correlated: X^T X far from c I
+    X -= X.mean(axis=0)
+    s2 = np.broadcast_to(np.asarray(sigma, np.float64) ** 2, (d_out,))
+    Y = X @ rng.standard_normal((d_out, d_in)).T + 0.5 + np.sqrt(s2) * rng.standard_normal((N, d_out))
+    Phi = np.hstack([X, np.ones((N, 1))])
+    # per output a Bayesian linear regression: the MAP and the exact evidence
+    theta, evidence = np.zeros((d_out, d_in + 1)), 0.0
+    for o in range(d_out):
+        theta[o] = np.linalg.solve(Phi.T @ Phi / s2[o] + ALPHA * np.eye(d_in + 1), Phi.T @ Y[:, o] / s2[o])
+        K = s2[o] * np.eye(N) + Phi @ Phi.T / ALPHA
+        evidence += -0.5 * (Y[:, o] @ np.linalg.solve(K, Y[:, o]) + np.linalg.slogdet(K)[1] + N * np.log(2 * np.pi))
+    params = {"W": jnp.asarray(theta[:, :d_in]), "b": jnp.asarray(theta[:, d_in])}  # leaves in order W, b
+
+    def jacobian(x):  # (3, 15): d f_o / d(vec W, b), vec row-major
+        return np.hstack([np.kron(np.eye(d_out), x[None, :]), np.eye(d_out)])
+
+    H = np.diag(1.0 / s2)
+    G = sum(jacobian(x).T @ H @ jacobian(x) for x in X)
+    assert_close(G[:12, :12], np.kron(H, X.T @ X), rtol=1e-12)  # the library's order, by hand
+    assert np.abs(np.kron(X.T @ X, H) - G[:12, :12]).max() > 1.0  # the swapped order is far off
+    assert_close(G[:12, 12:], np.zeros((12, 3)), atol=1e-10)  # centred: no weight-bias coupling
+    Lam = G + ALPHA * np.eye(15)
+    Sigma = np.linalg.inv(Lam)
+
+    post = pst.laplace(_dense, params, (jnp.asarray(X), jnp.asarray(Y)), Gaussian(jnp.asarray(sigma)),
+                       structure="kfac", prior_precision=ALPHA)
+    assert_close(post.precision.as_matrix(), Lam, rtol=1e-10)
+    assert_close(post.covariance.as_matrix(), Sigma, rtol=1e-10)
+    assert_close(lo.logdet(post.precision), np.linalg.slogdet(Lam)[1], rtol=1e-10)
+    assert_close(pst.marginal_log_likelihood(post), evidence, rtol=1e-10)
+    T = rng.standard_normal((5, d_in))
+    Jt = [jacobian(t) for t in T]
+    mean, var = pst.predictive.linearized(post, jnp.asarray(T))  # per-layer Kronecker quadratic forms
+    assert_close(mean, T @ theta[:, :d_in].T + theta[:, d_in], rtol=1e-12)
+    assert_close(var, np.stack([np.diag(J @ Sigma @ J.T) for J in Jt]), rtol=1e-10)
+    _, cov = pst.predictive.linearized(post, jnp.asarray(T), output_covariance=True)  # the covariance's products
+    assert_close(cov, np.stack([J @ Sigma @ J.T for J in Jt]), rtol=1e-10)

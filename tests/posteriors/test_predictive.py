@@ -9,7 +9,7 @@ import pytest
 
 import linops as lo
 import posteriors as pst
-from linops.likelihoods import Categorical
+from linops.likelihoods import Bernoulli, Categorical
 from posteriors import predictive
 
 from ..linops._util import assert_close
@@ -100,3 +100,106 @@ def test_every_structures_predictive_on_the_small_architectures_is_the_dense_ref
     Sigma = np.asarray(sub.covariance.as_matrix())
     assert_close(predictive.linearized(sub, Xt)[1], np.einsum("rp,pq,rq->r", J, Sigma, J).reshape(2, 10),
                  rtol=1e-8, err_msg="subnetwork")
+
+
+# --- the probit and Laplace-bridge links against their closed forms, computed here in numpy ---------------
+
+
+def _probit_by_hand(mu, v):
+    """softmax_k(mu_k / sqrt(1 + pi v_k / 8)) over the last axis."""
+    z = mu / np.sqrt(1.0 + np.pi * v / 8.0)
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_probit_in_closed_form_at_variances_one_to_five():
+    """At variances 1..5 the constant pi/8 moves the probabilities by 1e-3 or more (pi/8 vs 3/8 at v = 5)."""
+    mu = np.array([1.5, -0.7, 2.3, 0.4, -1.9])
+    v = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    binary = 1.0 / (1.0 + np.exp(-mu / np.sqrt(1.0 + np.pi * v / 8.0)))
+    assert_close(binary[0], 1.0 / (1.0 + np.exp(-1.5 / np.sqrt(1.0 + np.pi / 8.0))), rtol=1e-15)
+    got = predictive.probit(jnp.asarray(mu)[:, None], jnp.asarray(v)[:, None], multiclass=False)
+    assert got.shape == (5, 1)
+    assert_close(got[:, 0], binary, rtol=1e-12)
+    M = np.array([[1.0, -0.5, 2.0], [0.3, 0.3, -1.2], [2.5, 0.0, 1.0], [-1.0, 0.8, 0.1]])
+    V = np.array([[1.0, 3.0, 5.0], [2.0, 4.0, 1.0], [5.0, 2.0, 3.0], [4.0, 1.0, 2.5]])  # distinct per class
+    assert_close(predictive.probit(jnp.asarray(M), jnp.asarray(V)), _probit_by_hand(M, V), rtol=1e-12)
+    assert np.abs(_probit_by_hand(M, V) - _probit_by_hand(M, 0.0 * V)).max() > 0.05  # the variance matters here
+
+
+def test_probit_classification_of_a_linear_softmax_model_is_the_closed_form():
+    """classification(link='probit') = softmax(mu_k / sqrt(1 + pi v_k / 8)) with mu, v of the linearised
+    predictive of f(W, x) = W x + b, its GGN built by hand: sum_n J_n^T (diag p_n - p_n p_n^T) J_n."""
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal((6, 2))
+    y = np.array([0, 1, 2, 0, 1, 2])
+    W, b = rng.standard_normal((3, 2)), rng.standard_normal(3)
+    alpha = 0.3  # a weak prior and six examples: predictive variances of order one
+
+    def jacobian(x):  # (3, 9): d f_o / d(vec W row-major, b)
+        return np.hstack([np.kron(np.eye(3), x[None, :]), np.eye(3)])
+
+    G = np.zeros((9, 9))
+    for x in X:
+        z = W @ x + b
+        p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+        G += jacobian(x).T @ (np.diag(p) - np.outer(p, p)) @ jacobian(x)
+    Sigma = np.linalg.inv(G + alpha * np.eye(9))
+    T = 2.0 * rng.standard_normal((4, 2))
+    mu = T @ W.T + b
+    v = np.stack([np.diag(jacobian(t) @ Sigma @ jacobian(t).T) for t in T])
+    assert v.min() > 0.5 and v.max() < 50  # where the constant matters
+    post = pst.laplace(lambda p, x: p["W"] @ x + p["b"], {"W": jnp.asarray(W), "b": jnp.asarray(b)},
+                       (jnp.asarray(X), jnp.asarray(y)), Categorical(), structure="full", prior_precision=alpha)
+    assert_close(predictive.classification(post, jnp.asarray(T), link="probit"), _probit_by_hand(mu, v), rtol=1e-10)
+    # one logit: the Bernoulli probit sigma(mu / sqrt(1 + pi v / 8)) of class 1
+    fn1 = lambda p, x: p["W"] @ x + p["b"]  # noqa: E731
+    post1 = pst.laplace(fn1, {"W": jnp.asarray(W[:1]), "b": jnp.asarray(b[:1])},
+                        (jnp.asarray(X), jnp.asarray((y == 1).astype(np.float64))[:, None]), Bernoulli(),
+                        structure="full", prior_precision=alpha)
+    G1 = np.zeros((3, 3))
+    for x in X:
+        s = 1.0 / (1.0 + np.exp(-(W[0] @ x + b[0])))
+        phi = np.append(x, 1.0)
+        G1 += s * (1 - s) * np.outer(phi, phi)
+    Phi_t = np.hstack([T, np.ones((4, 1))])
+    v1 = np.einsum("ij,jk,ik->i", Phi_t, np.linalg.inv(G1 + alpha * np.eye(3)), Phi_t)
+    assert v1.min() > 0.5
+    expected = 1.0 / (1.0 + np.exp(-(mu[:, 0]) / np.sqrt(1.0 + np.pi * v1 / 8.0)))
+    assert_close(predictive.classification(post1, jnp.asarray(T), link="probit")[:, 0], expected, rtol=1e-10)
+
+
+def _bridge_by_hand(m, S):
+    """Hobbhahn, Kristiadi & Hennig (2022): condition N(m, S) on sum_k f_k = 0, then the Dirichlet
+    alpha_k = (1 / S_kk) (1 - 2/K + e^{m_k} / K^2 sum_l e^{-m_l}); returns (alpha, its mean)."""
+    K = m.shape[0]
+    s = S.sum(axis=1)  # S 1
+    m = m - s * m.sum() / s.sum()
+    S = S - np.outer(s, s) / s.sum()
+    alpha = (1.0 - 2.0 / K + np.exp(m) / K**2 * np.exp(-m).sum()) / np.diag(S)
+    return alpha, alpha / alpha.sum()
+
+
+def test_laplace_bridge_by_hand_on_asymmetric_three_class_cases():
+    mean = np.array([[1.0, -0.5, 0.3], [0.2, 1.4, -2.0]])
+    var = np.array([[0.5, 1.2, 2.0], [3.0, 0.4, 1.1]])  # distinct variances
+    # one case by hand: K = 3, m = (1, -0.5, 0.3), S = diag(0.5, 1.2, 2); 1^T S 1 = 3.7, 1^T m = 0.8
+    m0 = np.array([1.0, -0.5, 0.3]) - np.array([0.5, 1.2, 2.0]) * 0.8 / 3.7
+    v0 = np.array([0.5, 1.2, 2.0]) - np.array([0.25, 1.44, 4.0]) / 3.7
+    a0 = (1 / 3 + np.exp(m0) / 9 * np.exp(-m0).sum()) / v0
+    alpha, probs = _bridge_by_hand(mean[0], np.diag(var[0]))
+    assert_close(alpha, a0, rtol=1e-14)
+    expected = np.stack([_bridge_by_hand(m, np.diag(v))[1] for m, v in zip(mean, var, strict=True)])
+    got = predictive.laplace_bridge(jnp.asarray(mean), jnp.asarray(var))
+    assert_close(got, expected, rtol=1e-12)
+    assert_close(predictive.laplace_bridge(jnp.asarray(mean), jnp.asarray(np.stack([np.diag(v) for v in var]))),
+                 expected, rtol=1e-12)  # the same covariance given as (M, K, K)
+    # a full covariance: the conditioning uses its off-diagonal entries
+    L = np.array([[1.0, 0.0, 0.0], [0.4, 0.8, 0.0], [-0.3, 0.5, 1.3]])
+    S = L @ L.T
+    got = predictive.laplace_bridge(jnp.asarray(mean[:1]), jnp.asarray(S[None]))
+    assert_close(got[0], _bridge_by_hand(mean[0], S)[1], rtol=1e-12)
+    # without the conditioning the answer would be different
+    K = 3
+    naive = (1 - 2 / K + np.exp(mean[0]) / K**2 * np.exp(-mean[0]).sum()) / var[0]
+    assert np.abs(naive / naive.sum() - expected[0]).max() > 1e-2
