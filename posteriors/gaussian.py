@@ -59,7 +59,24 @@ class GaussianPosterior(eqx.Module):
         raise NotImplementedError(f"{type(self).__name__} must define `sample`")
 
     def map_outputs(self, inputs) -> jax.Array:
-        """The MAP network's outputs $f(\\theta^*, x)$, shape ``(M, O)``."""
+        """The MAP network's outputs $f(\\theta^*, x)$, shape ``(M, O)``.
+
+        Inputs the model cannot take (a wrong feature count or image size) are refused with a
+        `ValueError` naming the shapes, before any Jacobian work, instead of a raw XLA shape error.
+        """
+        leaves = jax.tree_util.tree_leaves(inputs)
+        if not leaves or any(jnp.ndim(a) == 0 for a in leaves):
+            raise ValueError(f"{type(self).__name__}: inputs must be a batch (M, ...) of examples, got "
+                             f"{[jnp.shape(a) for a in leaves]}")
+        try:
+            out = jax.eval_shape(self.fn, self.params, jax.tree_util.tree_map(lambda a: a[0], inputs))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{type(self).__name__}: the model fails on the first input (shape "
+                             f"{[jnp.shape(a)[1:] for a in leaves]}): is it shaped like the training inputs? "
+                             f"({e})") from e
+        if len(out.shape) != 1:
+            raise ValueError(f"{type(self).__name__}: fn(params, x) must return a 1-D vector of outputs for one "
+                             f"example, got shape {out.shape}")
         return jax.vmap(self.fn, in_axes=(None, 0))(self.params, inputs)
 
     def linearized_outputs(self, deltas, inputs) -> jax.Array:

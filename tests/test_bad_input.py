@@ -1,0 +1,115 @@
+"""Bad input to the public entry points of linops and posteriors: a named error, before any work.
+
+Each case names the function (or operator) that refuses, what it expected and what it got. The
+model counts its calls with concrete arrays: a refusal must come before the model is evaluated on
+data (tracing it to learn shapes is allowed; evaluating it is work).
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import linops as lo
+import posteriors as pst
+from linops.likelihoods import Gaussian
+
+EVALUATIONS = []
+
+
+def fn(p, x):
+    if not isinstance(x, jax.core.Tracer):
+        EVALUATIONS.append(1)
+    return p["W"] @ x
+
+
+W = {"W": jnp.zeros((2, 4))}
+X, Y = jnp.ones((6, 4)), jnp.zeros((6, 2))
+NAN_X = X.at[2, 1].set(jnp.nan)
+SYM = {"symmetric"}
+
+CASES = {
+    # posteriors
+    "laplace: likelihood": (lambda: pst.laplace(fn, W, (X, Y), "gaussian"), TypeError,
+                            r"laplace: likelihood must be a linops\.likelihoods\.Likelihood, got str"),
+    "laplace: data": (lambda: pst.laplace(fn, W, X, Gaussian(1.0)), ValueError,
+                      r"laplace: data must be an \(inputs, targets\) pair, got ArrayImpl"),
+    "laplace: structure": (lambda: pst.laplace(fn, W, (X, Y), Gaussian(1.0), structure="dense"), ValueError,
+                           r"laplace: unknown structure 'dense'; expected one of"),
+    "laplace: prior": (lambda: pst.laplace(fn, W, (X, Y), Gaussian(1.0), prior_precision=-1.0), ValueError,
+                       r"laplace: prior_precision must be positive, got min -1\.0"),
+    "laplace: non-finite inputs": (lambda: pst.laplace(fn, W, (NAN_X, Y), Gaussian(1.0)), ValueError,
+                                   r"laplace: the data's inputs contain 1 non-finite values .* at index 2"),
+    "laplace: half precision": (lambda: pst.laplace(fn, {"W": W["W"].astype(jnp.bfloat16)}, (X, Y), Gaussian(1.0)),
+                                TypeError, r"laplace: params hold bfloat16 arrays; posteriors need float32"),
+    "laplace: targets count": (lambda: pst.laplace(fn, W, (X, Y[:5]), Gaussian(1.0)), ValueError,
+                               r"GGNOp: inputs has 6 examples but targets has 5"),
+    "laplace: targets width": (lambda: pst.laplace(fn, W, (X, Y[:, :1]), Gaussian(1.0)), ValueError,
+                               r"GGNOp: a Gaussian likelihood needs targets of shape \(6, 2\), got \(6, 1\)"),
+    "laplace: batch size": (lambda: pst.laplace(fn, W, (X, Y), Gaussian(1.0), batch_size=0), ValueError,
+                            r"GGNOp: batch_size must be a positive integer, got 0"),
+    "projected: key": (lambda: pst.projected_posterior(fn, W, X, batch_size=2, prior_precision="optimal"),
+                       ValueError, r"projected_posterior: prior_precision='optimal' .* pass key="),
+    "projected: prior": (lambda: pst.projected_posterior(fn, W, X, batch_size=2, prior_precision=0.0), ValueError,
+                         r"projected_posterior: prior_precision must be positive, got 0\.0"),
+    "projected: method": (lambda: pst.projected_posterior(fn, W, X, batch_size=2, method="fast"), ValueError,
+                          r"AlternatingProjectionOp: method must be 'cg' or 'plain', got 'fast'"),
+    "projected: batch size": (lambda: pst.projected_posterior(fn, W, X, batch_size=0), ValueError,
+                              r"AlternatingProjectionOp: batch_size must be a positive integer, got 0"),
+    "projected: non-finite inputs": (lambda: pst.projected_posterior(fn, W, NAN_X, batch_size=2), ValueError,
+                                     r"projected_posterior: the inputs contain 1 non-finite values"),
+    "subnetwork: type": (lambda: pst.subnetwork_laplace(fn, W, (X, Y), Gaussian(1.0), [0, 1]), TypeError,
+                         r"subnetwork_laplace: subnetwork must be a posteriors\.subnetwork\.Subnetwork, got list"),
+    "subnetwork: size": (lambda: pst.subnetwork.largest_magnitude(W, 100), ValueError,
+                         r"subnetwork\.largest_magnitude: size must be an integer in \[1, 8\], got 100"),
+    "fsp: prior": (lambda: pst.fsp_laplace(fn, W, (X, Y), "rbf", X[:2], likelihood=Gaussian(1.0)), TypeError,
+                   r"fsp_laplace: prior must be a GPPrior or a linops\.kernels\.Kernel, got str"),
+    "metrics: labels": (lambda: pst.metrics.nll(jnp.full((2, 3), 1 / 3), jnp.array([0, 3])), ValueError,
+                        r"nll: labels must lie in \[0, 3\) .* got labels from 0 to 3"),
+    "metrics: logits": (lambda: pst.metrics.ece(jnp.array([[2.0, -1.0]]), jnp.array([0])), ValueError,
+                        r"ece: probs must be non-negative"),
+    "metrics: scores": (lambda: pst.metrics.auroc(jnp.array([0.1, jnp.nan]), jnp.array([0.3])), ValueError,
+                        r"auroc: scores_in must be finite"),
+    "save: not a posterior": (lambda: pst.save({"a": 1}, "unused.post"), TypeError,
+                              r"save: post must be a posterior"),
+    "load: not a template": (lambda: pst.load("unused.post", {"a": 1}), TypeError,
+                             r"load: like must be a posterior"),
+    # linops
+    "solve: cg needs psd": (lambda: lo.solve(lo.Dense(jnp.eye(2)), jnp.ones(2), method="cg"), ValueError,
+                            r"solve\(method='cg'\): Dense\(2, 2\) is not tagged psd"),
+    "solve: shape": (lambda: lo.solve(lo.Dense(jnp.eye(2)), jnp.ones(3)), ValueError,
+                     r"solve: Dense\(2, 2\) needs a right-hand side of shape \(2,\) or \(2, k\), got \(3,\)"),
+    "lanczos: steps": (lambda: lo.lanczos(lo.Dense(jnp.eye(2), tags=SYM), 0, key=jax.random.key(0)), ValueError,
+                       r"lanczos: num_steps must be an integer in \[1, 2\] for Dense\(2, 2\), got 0"),
+    "LanczosLowRankOp: rank": (lambda: lo.LanczosLowRankOp(lo.Dense(jnp.eye(3), tags=SYM), 5, jax.random.key(0)),
+                               ValueError, r"LanczosLowRankOp: rank must be an integer in \[1, 3\], got 5"),
+    "kfac: no layer": (lambda: lo.kfac(lambda p, x: jnp.tanh(x[:2] * p), jnp.ones(2), X, Y, Gaussian(1.0)),
+                       ValueError, r"kfac: found no dense layer"),
+    "GGNOp: likelihood": (lambda: lo.GGNOp(fn, W, X, Y, "gaussian"), TypeError,
+                          r"GGNOp: likelihood must be a linops\.likelihoods\.Likelihood, got str"),
+    "JacobianOp: input shape": (lambda: lo.JacobianOp(fn, W, jnp.ones((3, 5))), ValueError,
+                                r"JacobianOp: fn\(params, x\) fails on the first example"),
+    "AlternatingProjectionOp: sweeps": (
+        lambda: lo.AlternatingProjectionOp.from_matrix(jnp.ones((2, 3)), batch_size=1, max_sweeps=0), ValueError,
+        r"AlternatingProjectionOp: max_sweeps must be >= 1, got 0"),
+    "hutchinson: samples": (
+        lambda: lo.trace(lo.Dense(jnp.eye(3)), method="hutchinson", num_samples=1, key=jax.random.key(0)),
+        ValueError, r"hutchinson: num_samples must be >= 2"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_gets_a_named_error_before_any_work(case, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    call, error, match = CASES[case]
+    EVALUATIONS.clear()
+    with pytest.raises(error, match=match):
+        call()
+    assert EVALUATIONS == [], f"{case}: the model was evaluated on data before the refusal"
+
+
+def test_a_predictive_on_inputs_the_model_cannot_take_names_the_shapes():
+    post = pst.laplace(fn, W, (X, Y), Gaussian(1.0), structure="diag")
+    EVALUATIONS.clear()
+    with pytest.raises(ValueError, match=r"LaplacePosterior: the model fails on the first input \(shape \[\(5,\)\]\)"):
+        pst.predictive.linearized(post, jnp.ones((3, 5)))
+    assert EVALUATIONS == []
