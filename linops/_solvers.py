@@ -16,6 +16,7 @@ from jaxtyping import Array, Bool, Inexact, Int
 from linops import _tags
 from linops._arrays import describe
 from linops._cg import cg, cg_many
+from linops.memory import check_fits
 
 
 def closed_form(result, A, what, alternatives):
@@ -55,6 +56,10 @@ def solve_checked(A, b, method=None, *, rtol=None, atol=0.0, maxiter=None, preco
     if method is None:
         return _direct(closed_form(A._solve(b), A, "solve", "method='cg' (A tagged psd) or method='dense'"))
     if method == "dense":
+        # the matrix and LU's factored copy are alive together: 2 n^2 numbers, not the n^2 of as_matrix alone
+        n, k = A.shape[0], 1 if b.ndim == 1 else b.shape[1]
+        check_fits((2 * n * n + 2 * n * k) * np.dtype(A.dtype).itemsize, f"solve(method='dense') of {describe(A)} "
+                   "(the matrix and its LU factors)", "use method='cg' (A tagged psd) or a structured operator")
         M = A.as_matrix()
         return _direct(jnp.linalg.solve(M, b if b.ndim == 2 else b[:, None]).reshape(b.shape))
     if _tags.psd not in A.tags:

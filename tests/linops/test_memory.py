@@ -66,3 +66,13 @@ def test_kfac_factors_that_cannot_fit_are_refused_before_any_pass(monkeypatch):
     small = {"W": jnp.zeros((2, 30), jnp.float32)}
     lo.kfac(fn, small, X[:, :30], Y, Categorical())
     assert traced <= 2 and len(calls) > traced
+
+
+def test_a_dense_solve_counts_the_matrix_and_its_lu_factors(monkeypatch):
+    """as_matrix alone needs n² numbers; LU holds a factored copy too: 2n² (the check counted n²)."""
+    A = lo.FunctionOp(lambda v: 2.0 * v, (1000, 1000), jnp.float32)
+    monkeypatch.setattr(lo.memory, "available_bytes", lambda device=None: 6 * 10**6)  # 1.5 n² float32: n² fits
+    lo.memory.check_dense(A)
+    with pytest.raises(MemoryBudgetError, match=r"solve\(method='dense'\) of FunctionOp\(1000, 1000\) \(the matrix "
+                                                 r"and its LU factors\) needs 8\.0 MB"):
+        lo.solve(A, jnp.ones(1000), method="dense")
