@@ -76,3 +76,20 @@ def test_a_dense_solve_counts_the_matrix_and_its_lu_factors(monkeypatch):
     with pytest.raises(MemoryBudgetError, match=r"solve\(method='dense'\) of FunctionOp\(1000, 1000\) \(the matrix "
                                                  r"and its LU factors\) needs 8\.0 MB"):
         lo.solve(A, jnp.ones(1000), method="dense")
+
+
+def test_the_ggn_diagonal_with_the_default_batch_size_holds_a_bounded_number_of_rows():
+    """Issue 19: with the default batch size the diagonal held every example's rows at once, N x O x P
+    numbers (8.7 GB at N = 6,000 and P = 118k). Now at most about 2^25 numbers of rows per step: the
+    compiled program's temporaries (XLA's analysis, no run) stay far below N x O x P."""
+    fn, params = from_equinox(eqx.nn.MLP(784, 10, 128, 2, activation=jnp.tanh, key=jax.random.key(0)))
+    fn32 = lambda p, x: fn(p, x)  # noqa: E731
+    params = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), params)
+    X = jnp.zeros((6000, 784), jnp.float32)
+    y = jnp.zeros((6000,), jnp.int32)
+    G = lo.GGNOp(fn32, params, X, y, Categorical())
+    P = G.shape[0]
+    compiled = jax.jit(lo.diag).lower(G).compile()
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    all_rows = 6000 * 10 * P * 4
+    assert all_rows > 2.5e10 and temp < 4 * 2**25 * 4 + 64 * 2**20, (temp, all_rows)
