@@ -196,13 +196,9 @@ class AlternatingProjectionOp(LinearOperator):
         return _project_jit(self, x)
 
     def _project(self, x) -> Projection:
-        r"""$\Pi x$ for a vector ``x`` ``(P,)``, or for each column of a block ``x`` ``(P, k)`` at once.
-
-        A block runs as one iteration: every sweep is applied to all the columns together (the per-batch
-        products become matrix products, the stored linearisation is read once per sweep, not once per
-        column), each column stops on its own rule and is then frozen, and the iteration ends when the
-        last column has. The fields other than ``value`` then have a leading axis of ``k``.
-        """
+        r"""$\Pi x$ for a vector ``x`` ``(P,)``, or for each column of a block ``x`` ``(P, k)`` in ONE iteration:
+        each sweep acts on all columns together (matrix products per batch), each column stops on its own
+        rule and is then frozen. The fields other than ``value`` then have a leading axis of ``k``."""
         x = jnp.asarray(x, self.dtype)
         block = x.ndim == 2
         sweep = self._sweep
