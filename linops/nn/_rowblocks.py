@@ -127,8 +127,8 @@ class RowBlocks(eqx.Module):
             W, stored, traces = jax.device_put(sharded, NamedSharding(mesh, split))
             data = jax.device_put(data, NamedSharding(mesh, split))
         recipe = traced["recipe"] if store else None  # the recipe traced above, outside any mesh
-        return cls(rows.params, data, W, stored, traces, rows.forward, rows.backward, rows.to_tree, rows.to_flat, recipe,
-                   int(rows.size), np.dtype(rows.dtype), mesh, axis)
+        return cls(rows.params, data, W, stored, traces, rows.forward, rows.backward, rows.to_tree, rows.to_flat,
+                   recipe, int(rows.size), np.dtype(rows.dtype), mesh, axis)
 
     @property
     def num_batches(self) -> int:

@@ -221,7 +221,7 @@ def test_a_dominant_eigenvalue_does_not_make_later_steps_look_invariant(dtype, s
     eps, top = float(jnp.finfo(dtype).eps), exact.max()
     assert np.all(np.isfinite(np.asarray(reported)))
     assert_close(reported, true, rtol=0.05, atol=100 * eps * top)
-    for theta, r in zip(w, np.asarray(reported)):
+    for theta, r in zip(w, np.asarray(reported), strict=True):
         assert np.min(np.abs(exact - theta)) <= r + 100 * eps * top
     # eigenvalues 2-4 to the accuracy the dtype allows next to λ₁ (eps λ₁ absolute), not tens of percent off
     assert_close(w[1:4], exact[::-1][1:4], rtol=0.05 if dtype == jnp.float32 else 1e-6)
