@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from linops.likelihoods import Likelihood
 from linops.models import ravel
@@ -37,14 +38,15 @@ def check_finite(tree, who: str, what: str) -> None:
     for leaf in jax.tree_util.tree_leaves(tree):
         if isinstance(leaf, jax.core.Tracer) or not hasattr(leaf, "dtype"):
             continue
-        a = jnp.asarray(leaf)
-        if not jnp.issubdtype(a.dtype, jnp.inexact):
+        if not jnp.issubdtype(leaf.dtype, jnp.inexact):
             continue
-        bad = ~jnp.isfinite(a)
-        if bool(jnp.any(bad)):
-            rows = jnp.any(bad.reshape(a.shape[0], -1), axis=1) if a.ndim else bad[None]
-            raise ValueError(f"{who}: {what} contain {int(jnp.sum(bad))} non-finite values (NaN or Inf), in "
-                             f"{int(jnp.sum(rows))} examples, the first at index {int(jnp.argmax(rows))}; remove or "
+        # NumPy on the concrete values: inside a trace (a scan or jit closing over the data) jnp would
+        # return tracers even for concrete inputs
+        bad = ~np.isfinite(np.asarray(leaf, dtype=np.float64 if leaf.dtype == jnp.bfloat16 else None))
+        if bad.any():
+            rows = bad.reshape(bad.shape[0], -1).any(axis=1) if bad.ndim else bad[None]
+            raise ValueError(f"{who}: {what} contain {int(bad.sum())} non-finite values (NaN or Inf), in "
+                             f"{int(rows.sum())} examples, the first at index {int(np.argmax(rows))}; remove or "
                              "impute them first")
 
 

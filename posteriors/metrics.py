@@ -61,16 +61,16 @@ def _as_probs(probs, who):
         raise ValueError(f"{who}: probs must be 2-D (N, K) with at least one example and one class, "
                          f"got shape {probs.shape}")
     if _is_concrete(probs):
-        if not bool(jnp.all(jnp.isfinite(probs))):
-            bad = int(jnp.sum(~jnp.all(jnp.isfinite(probs), axis=1)))
+        if not bool(np.all(np.isfinite(np.asarray(probs)))):
+            bad = int(np.sum(~np.all(np.isfinite(np.asarray(probs)), axis=1)))
             raise ValueError(f"{who}: probs must be finite, got {bad} row(s) with NaN or inf")
-        smallest = float(jnp.min(probs))
+        smallest = float(np.min(np.asarray(probs)))
         if smallest < 0:
             raise ValueError(f"{who}: probs must be non-negative, got an entry {smallest:.6g}; pass "
                              "probabilities, not logits (jax.nn.softmax(logits, axis=-1))")
         tolerance = _ROW_SUM_TOLERANCE.get(np.dtype(probs.dtype), _ROW_SUM_TOLERANCE_16_BIT)
-        sums = jnp.sum(probs, axis=1)
-        worst = int(jnp.argmax(jnp.abs(sums - 1)))
+        sums = np.sum(np.asarray(probs, np.float64), axis=1)
+        worst = int(np.argmax(np.abs(sums - 1)))
         if not abs(float(sums[worst]) - 1) <= tolerance:
             raise ValueError(f"{who}: each row of probs must sum to one (within {tolerance:g} for "
                              f"{probs.dtype}), got row {worst} summing to {float(sums[worst]):.6g}; pass "
@@ -87,7 +87,7 @@ def _as_labels(labels, num_examples, num_classes, who):
         raise ValueError(f"{who}: labels must be 1-D with one label per row of probs, shape ({num_examples},), "
                          f"got shape {labels.shape}")
     if _is_concrete(labels):
-        low, high = int(jnp.min(labels)), int(jnp.max(labels))
+        low, high = int(np.min(np.asarray(labels))), int(np.max(np.asarray(labels)))
         if low < 0 or high >= num_classes:
             raise ValueError(f"{who}: labels must lie in [0, {num_classes}) for probs with {num_classes} "
                              f"classes, got labels from {low} to {high}")
@@ -106,8 +106,8 @@ def _as_scores(scores, name, who):
     if scores.ndim != 1 or scores.shape[0] == 0:
         raise ValueError(f"{who}: {name} must be 1-D and non-empty (one score per example), got shape "
                          f"{scores.shape}")
-    if _is_concrete(scores) and not bool(jnp.all(jnp.isfinite(scores))):
-        bad = int(jnp.sum(~jnp.isfinite(scores)))
+    if _is_concrete(scores) and not bool(np.all(np.isfinite(np.asarray(scores)))):
+        bad = int(np.sum(~np.isfinite(np.asarray(scores))))
         raise ValueError(f"{who}: {name} must be finite, got {bad} NaN or inf score(s)")
     return scores
 
@@ -124,11 +124,11 @@ def _check_regression(mean, variance, targets, who):
     if mean.size == 0:
         raise ValueError(f"{who}: mean, variance and targets are empty (shape {mean.shape})")
     for name, a in arrays.items():
-        if _is_concrete(a) and not bool(jnp.all(jnp.isfinite(a))):
-            raise ValueError(f"{who}: {name} must be finite, got {int(jnp.sum(~jnp.isfinite(a)))} NaN or inf")
-    if _is_concrete(variance) and not bool(jnp.all(variance > 0)):
+        if _is_concrete(a) and not bool(np.all(np.isfinite(np.asarray(a)))):
+            raise ValueError(f"{who}: {name} must be finite, got {int(np.sum(~np.isfinite(np.asarray(a))))} NaN or inf")
+    if _is_concrete(variance) and not bool(np.all(np.asarray(variance) > 0)):
         raise ValueError(f"{who}: variance must be positive, got a smallest variance of "
-                         f"{float(jnp.min(variance)):.6g}")
+                         f"{float(np.min(np.asarray(variance))):.6g}")
     return mean, variance, targets
 
 
