@@ -21,6 +21,7 @@ from linops import (
 )
 from linops._base import LinearOperator, new_key
 from linops._composite import Inverse, Product, Scaled, Sum, Transpose
+from linops._depth import ExpressionTooDeepError, max_nesting, nesting_depth
 from linops._eigen import EigenDecomposed
 from linops._factorizations import LU, Cholesky, Triangular
 from linops._functions import (
@@ -67,10 +68,12 @@ __all__ = [
     "AlternatingProjectionOp", "BlockDiagonal", "Cholesky", "Complement", "count_matmuls", "Dense", "diag",
     "Diagonal", "eigendecompose", "EigenDecomposed", "eigh", "eigvalsh", "Estimate", "factorize", "LU", "root",
     "Triangular",
-    "explain", "from_lineax", "FunctionOp", "GGNOp", "hutchinson", "Identity", "inv", "Inverse",
+    "explain", "ExpressionTooDeepError", "from_lineax", "FunctionOp", "GGNOp", "hutchinson", "Identity", "inv",
+    "Inverse",
     "JacobianOp", "kernels", "KernelGramOp", "KFAC", "kfac", "Kronecker", "Lanczos", "lanczos", "LanczosLowRankOp",
     "likelihoods", "LinearOperator", "LineaxOp", "logdet",
-    "LossJacobianOp", "lower", "Lowered", "LowRank", "memory", "models", "nn", "new_key", "NoReduction", "pinv",
+    "LossJacobianOp", "lower", "Lowered", "LowRank", "max_nesting", "memory", "models", "nesting_depth", "nn",
+    "new_key", "NoReduction", "pinv",
     "Product", "Projection", "ProjectorOp", "Rule", "RULES", "Scaled", "Selection", "sharded_mm", "shift", "simplify",
     "Solution", "solve", "sqrt", "StreamingGGNOp", "Sum", "tags", "to_lineax", "trace", "Transpose", "Zero",
 ]

@@ -201,12 +201,23 @@ class LinearOperator(eqx.Module):
         return self.shape[0] == self.shape[1]
 
     def as_matrix(self) -> jax.Array:
-        """The dense ``(m, n)`` matrix. Always an explicit request: costs ``n`` products.
+        """The dense ``(m, n)`` matrix. Always an explicit request: costs ``min(m, n)`` products.
 
+        A wide operator (``m < n``, such as a Jacobian) is read through its transpose, ``m`` products
+        with the columns of an ``m x m`` identity, so nothing larger than the result is allocated.
         Raises `linops.memory.MemoryBudgetError` first when the matrix would not fit.
+
+        Example:
+            >>> import jax.numpy as jnp, linops as lo
+            >>> lo.Dense(jnp.arange(6.0).reshape(2, 3)).as_matrix()
+            Array([[0., 1., 2.],
+                   [3., 4., 5.]], dtype=float32)
         """
         check_dense(self)
-        return self.mm(jnp.eye(self.shape[1], dtype=self.dtype))
+        m, n = self.shape
+        if m < n:
+            return self.rmm(jnp.eye(m, dtype=self.dtype)).T
+        return self.mm(jnp.eye(n, dtype=self.dtype))
 
     def apply(self, x: Inexact[ArrayLike, " n *k"]) -> Inexact[Array, " m *k"]:
         """``A @ x`` for ``x`` of shape ``(n,)`` or ``(n, k)``, with a checked shape."""
@@ -239,8 +250,11 @@ class LinearOperator(eqx.Module):
 
     def __add__(self, other):
         if not isinstance(other, LinearOperator):
-            return NotImplemented
+            return _add_scalar(self, other)
         return _COMPOSITES["Sum"]((self, other))
+
+    def __radd__(self, other):
+        return _add_scalar(self, other)
 
     def __sub__(self, other):
         if not isinstance(other, LinearOperator):
@@ -265,6 +279,16 @@ class LinearOperator(eqx.Module):
         return _COMPOSITES["Scaled"](1.0 / other, self)
 
 
+def _add_scalar(op: LinearOperator, other):
+    # A literal 0 is the additive identity, so that `sum(operators)` (which starts from 0) works.
+    if isinstance(other, (int, float)) and not isinstance(other, bool) and other == 0:
+        return op
+    if is_scalar_like(other):
+        raise TypeError(f"cannot add the scalar {other!r} to {describe(op)}: an operator plus a scalar is "
+                        "ambiguous; write lo.shift(A, lam) for A + lam I")
+    return NotImplemented
+
+
 CLOSED_FORMS = ("_diag", "_solve", "_inv", "_pinv", "_sqrt", "_logdet", "_eigh", "_trace", "_root", "_factorize",
                 "_eigendecompose", "_eigvalsh", "_shift", "_hadamard_square", "_woodbury_part")
 """The structure hooks: each returns its closed form or ``NotImplemented`` (a wrapper forwards all of them)."""
@@ -278,6 +302,24 @@ def factorize_children(op: LinearOperator, children) -> LinearOperator:
     return op.with_children(tuple(c if f is NotImplemented else f for c, f in zip(children, factored, strict=True)))
 
 
+def splice(operands: tuple, cls: type, field: str) -> tuple:
+    """``operands`` with each one of type ``cls`` replaced by its own operands (its ``field``).
+
+    Keeps an n-ary composite (`Sum`, `Product`) flat however it is built, so a chain of
+    ``k`` additions is one node of ``k`` operands, not ``k`` nested nodes that every walk
+    would recurse through. The operands are copied in bulk, not one Python step each.
+    """
+    if not any(type(o) is cls for o in operands):
+        return operands
+    out: list = []
+    for o in operands:
+        if type(o) is cls:
+            out.extend(getattr(o, field))
+        else:
+            out.append(o)
+    return tuple(out)
+
+
 def check_square(op: LinearOperator, what: str) -> None:
     if not op.is_square:
         raise ValueError(
@@ -288,7 +330,7 @@ def check_square(op: LinearOperator, what: str) -> None:
 
 
 def result_dtype(*ops) -> Any:
-    return jnp.result_type(*[op.dtype for op in ops])
+    return jnp.result_type(*{op.dtype for op in ops})  # a set: a sum of 10,000 terms has a few dtypes
 
 
 def user_tags(tags, shape) -> frozenset:

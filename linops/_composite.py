@@ -1,6 +1,8 @@
 """Composites that combine operators of one shape: `Sum` and `Scaled` (``A + B``, ``c * A``).
 
-Construction checks shapes and computes tags; it never simplifies (`linops.simplify` does). The
+Construction checks shapes and computes tags; it never simplifies (`linops.simplify` does), except that
+a chain of one composite stays one node: a `Sum` of sums is one n-ary sum and a scaling of a scaling one
+scaling (``c (d A) = (cd) A``), so that 10,000 terms nest no deeper than two (`linops._depth`). The
 closed forms of a sum come from the rules registered with `register_sum_closed_form` (the Woodbury
 identities in `linops._woodbury`). `Product`, `Transpose` and `Inverse` live in `linops._products`
 and are re-exported here.
@@ -27,7 +29,9 @@ from linops._base import (
     new_key,
     register_composites,
     result_dtype,
+    splice,
 )
+from linops._depth import composite_levels, nesting_depth
 from linops._eigen import EigenDecomposed
 from linops._products import Inverse, Product, Transpose, inverse_of, transpose_signature
 
@@ -52,20 +56,28 @@ def _sum_closed_form(hook, op, *args):
 
 
 class Sum(LinearOperator):
-    """``A_1 + A_2 + ...`` (built by ``A + B``)."""
+    """``A_1 + A_2 + ...`` (built by ``A + B``).
+
+    A term that is itself a `Sum` is spliced in, so ``A + B + C`` and ``sum(ops)`` are one flat
+    n-ary sum however many terms they have: nothing recurses over the number of terms (products,
+    transposes, pytree flattening), and adding a term checks only that term.
+    """
 
     terms: tuple
+    _levels: int = eqx.field(static=True, repr=False)
 
     def __init__(self, terms: Sequence[LinearOperator]):
         terms = tuple(terms)
         if not terms:
             raise ValueError("Sum: expected at least one operator")
+        shape = tuple(terms[0].shape)
         for t in terms[1:]:
-            if tuple(t.shape) != tuple(terms[0].shape):
+            if tuple(t.shape) != shape:
                 raise ValueError(
                     f"Sum: cannot add {describe(terms[0])} and {describe(t)}: shapes differ"
                 )
-        self.terms = terms
+        self._levels = composite_levels("Sum", [nesting_depth(t) - (type(t) is Sum) for t in terms])
+        self.terms = splice(terms, Sum, "terms")
 
     @property
     def shape(self):
@@ -132,6 +144,20 @@ def _scalar_uid(c):
     return None
 
 
+def _uid_head(uid):
+    return uid[0] if isinstance(uid, tuple) and uid else None
+
+
+def product_uid(a, b):
+    """The uid of a product of two scalars: a constant stays a constant; a few keys make a flat
+    ``("mul", ...)`` (the same fold gives the same key); more make a fresh key, so folding 10,000
+    scalings neither nests 10,000 tuples nor carries a 10,000-long one."""
+    if _uid_head(a) == _uid_head(b) == "const":
+        return ("const", a[1] * b[1])
+    keys = (a[1:] if _uid_head(a) == "mul" else (a,)) + (b[1:] if _uid_head(b) == "mul" else (b,))
+    return ("mul",) + keys if len(keys) <= 8 else new_key()
+
+
 class Scaled(LinearOperator):
     """``c A`` for a scalar ``c`` (built by ``c * A``).
 
@@ -147,13 +173,19 @@ class Scaled(LinearOperator):
     nonnegative: bool = eqx.field(static=True)
     is_one: bool = eqx.field(static=True)
     uid: object = eqx.field(static=True)
+    _levels: int = eqx.field(static=True, repr=False)
 
     def __init__(self, scalar, op: LinearOperator, *, nonnegative: bool | None = None, uid=None):
         if not is_scalar_like(scalar):
             raise ValueError(f"Scaled: expected a scalar, got {describe(scalar)}")
         if not isinstance(op, LinearOperator):
             raise TypeError(f"Scaled: expected a LinearOperator, got {type(op).__name__}")
-        self.uid = uid if uid is not None else (_scalar_uid(scalar) or new_key())
+        uid = uid if uid is not None else (_scalar_uid(scalar) or new_key())
+        if type(op) is Scaled:  # c (d A) is (cd) A: repeated scaling never nests
+            nonnegative = (is_known_nonnegative(scalar, nonnegative) and op.nonnegative) or None
+            scalar, uid, op = jnp.asarray(scalar) * op.scalar, product_uid(uid, op.uid), op.op
+        self.uid = uid
+        self._levels = composite_levels("Scaled", [nesting_depth(op)])
         concrete = not isinstance(scalar, jax.core.Tracer)
         self.is_one = concrete and bool(np.asarray(scalar) == 1)
         self.nonnegative = is_known_nonnegative(scalar, nonnegative)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Inexact, PRNGKeyArray
 
 from linops import _tags
@@ -89,7 +90,8 @@ def shift(A: LinearOperator, lam, *, nonnegative: bool | None = None) -> LinearO
     r"""$A + \lambda I$, with the sign of $\lambda$ declared so PSD-ness is kept under tracing.
 
     A traced $\lambda$ has no sign to inspect, so ``shift(G, lam, nonnegative=True)`` is how
-    a PSD curvature plus a prior precision stays tagged PSD inside `jax.jit`.
+    a PSD curvature plus a prior precision stays tagged PSD inside `jax.jit`. Shifting a shift adds
+    the shifts: ``shift(shift(G, a), b)`` is ``G + (a + b) I``, one term however often it is shifted.
 
     Example:
         >>> import jax.numpy as jnp, linops as lo
@@ -102,7 +104,24 @@ def shift(A: LinearOperator, lam, *, nonnegative: bool | None = None) -> LinearO
     structured = A._shift(lam, is_known_nonnegative(lam, nonnegative))
     if structured is not NotImplemented:  # e.g. an eigen-decomposed operator: its eigenvalues move
         return structured
+    if isinstance(A, Sum) and _is_shift(A.terms[-1]):  # (B + mu I) + lam I is B + (mu + lam) I: never nests
+        mu = A.terms[-1]
+        both = (mu.nonnegative and is_known_nonnegative(lam, nonnegative)) or None
+        uid = ("const", mu.uid[1] + float(lam)) if _is_constant(mu) and _is_constant_scalar(lam) else None
+        return Sum(A.terms[:-1] + (Scaled(mu.scalar + lam, mu.op, nonnegative=both, uid=uid),))
     return Sum((A, Scaled(lam, Identity(A.shape[0], A.dtype), nonnegative=nonnegative)))
+
+
+def _is_shift(op):
+    return type(op) is Scaled and type(op.op) is Identity
+
+
+def _is_constant(op):
+    return isinstance(op.uid, tuple) and op.uid[:1] == ("const",)
+
+
+def _is_constant_scalar(x):
+    return isinstance(x, (int, float, np.number))
 
 
 def inv(A: LinearOperator, *, method: str | None = None, **options) -> LinearOperator:

@@ -10,14 +10,15 @@ from collections.abc import Sequence
 import equinox as eqx
 
 from linops import _tags
-from linops._base import LinearOperator, describe, factorize_children, result_dtype
+from linops._base import LinearOperator, describe, factorize_children, result_dtype, splice
+from linops._depth import composite_levels, nesting_depth
 from linops._eigen import EigenDecomposed
 from linops._solvers import solve_checked
 
 
-def transpose_signature(op: LinearOperator):
-    """The signature of ``op.T`` without building it."""
-    if _tags.symmetric in op.tags:
+def transpose_signature(op: LinearOperator, tags: frozenset | None = None):
+    """The signature of ``op.T`` without building it (``tags``: ``op.tags``, when already known)."""
+    if _tags.symmetric in (op.tags if tags is None else tags):
         return op.signature()
     if isinstance(op, Transpose):
         return op.op.signature()
@@ -25,9 +26,15 @@ def transpose_signature(op: LinearOperator):
 
 
 class Product(LinearOperator):
-    """``A_1 A_2 ... A_k`` (built by ``A @ B``); applied right to left."""
+    """``A_1 A_2 ... A_k`` (built by ``A @ B``); applied right to left, factor by factor in a loop.
+
+    A factor that is itself a `Product` is spliced in, so ``A @ B @ C`` is one flat n-ary product
+    however many factors it has (nothing recurses over the number of factors), and composing
+    checks only the shapes where the operands meet.
+    """
 
     factors: tuple
+    _levels: int = eqx.field(static=True, repr=False)
 
     def __init__(self, factors: Sequence[LinearOperator]):
         factors = tuple(factors)
@@ -40,7 +47,8 @@ class Product(LinearOperator):
                     f"{type(left).__name__} takes vectors of length {left.shape[1]} but "
                     f"{type(right).__name__} returns vectors of length {right.shape[0]}"
                 )
-        self.factors = factors
+        self._levels = composite_levels("Product", [nesting_depth(f) - (type(f) is Product) for f in factors])
+        self.factors = splice(factors, Product, "factors")
 
     @property
     def shape(self):
@@ -52,23 +60,29 @@ class Product(LinearOperator):
 
     def flat_factors(self) -> tuple:
         """The factors with nested products expanded (``(AB)C`` reads ``A, B, C``)."""
-        out = []
-        for f in self.factors:
-            out.extend(f.flat_factors() if isinstance(f, Product) else (f,))
+        if not any(isinstance(f, Product) for f in self.factors):  # always, unless built around `__init__`
+            return self.factors
+        out, stack = [], list(reversed(self.factors))
+        while stack:  # a loop, not recursion: any depth
+            f = stack.pop()
+            if isinstance(f, Product):
+                stack.extend(reversed(f.factors))
+            else:
+                out.append(f)
         return tuple(out)
 
     @property
     def tags(self):
         fs = self.flat_factors()
         k = len(fs)
+        tags = [f.tags for f in fs]  # once each: asking a factor twice costs 2^depth on nested expressions
         pairs_match = k >= 2 and all(
-            transpose_signature(fs[i]) == fs[k - 1 - i].signature() for i in range(k // 2)
+            transpose_signature(fs[i], tags[i]) == fs[k - 1 - i].signature() for i in range(k // 2)
         )
-        middle = fs[k // 2].tags if (pairs_match and k % 2 == 1) else None
-        sigs = {f.signature() for f in fs}
-        idempotent = len(sigs) == 1 and _tags.projector in fs[0].tags
+        middle = tags[k // 2] if (pairs_match and k % 2 == 1) else None
+        idempotent = _tags.projector in tags[0] and len({f.signature() for f in fs}) == 1
         return _tags.of_product(
-            [f.tags for f in fs],
+            tags,
             self.shape,
             congruence_middle=middle,
             is_congruence=pairs_match,
@@ -142,8 +156,12 @@ class Transpose(LinearOperator):
     """``A^T`` (built by ``A.T`` when ``A`` has no cheaper transpose)."""
 
     op: LinearOperator
+    _levels: int = eqx.field(static=True, repr=False)
 
     def __init__(self, op: LinearOperator):
+        # A transposed leaf counts as a leaf, so that transposing an expression never deepens it.
+        levels = nesting_depth(op)
+        self._levels = 1 if levels == 1 else composite_levels("Transpose", [levels])
         self.op = op
 
     @property
@@ -231,11 +249,13 @@ class Inverse(LinearOperator):
     factored: LinearOperator | None
     method: str | None = eqx.field(static=True)
     options: tuple = eqx.field(static=True)
+    _levels: int = eqx.field(static=True, repr=False)
 
     def __init__(self, op: LinearOperator, method: str | None = None, options: tuple = (), *,
                  factored: LinearOperator | None = None):
         if factored is not None and tuple(factored.shape) != tuple(op.shape):
             raise ValueError(f"Inverse: factored is {describe(factored)} but op is {describe(op)}")
+        self._levels = composite_levels("Inverse", [nesting_depth(o) for o in (op, factored) if o is not None])
         self.op = op
         self.factored = factored
         self.method = method

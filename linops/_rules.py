@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from linops import _tags
 from linops._base import LinearOperator
-from linops._composite import Inverse, Product, Scaled, Sum, Transpose
+from linops._composite import Inverse, Product, Scaled, Sum, Transpose, product_uid
 from linops._leaves import Diagonal, Identity, Zero
 from linops._projector import Complement, ProjectorOp
 from linops._structured import Selection
@@ -62,18 +62,20 @@ def simplify(op: LinearOperator, rules: list[Rule] | None = None) -> LinearOpera
     rules = RULES if rules is None else rules
 
     def rewrite(node: LinearOperator) -> LinearOperator:
-        children = node.children()
-        if children:
-            new = tuple(rewrite(c) for c in children)
-            if any(a is not b for a, b in zip(new, children, strict=True)):
-                node = node.with_children(new)
-        for rule in rules:
-            try:
-                replaced = rule.apply(node)
-            except NoReduction:
-                continue
-            return rewrite(replaced)
-        return node
+        while True:  # a loop, not a recursive call per rewrite: a rule may fire 10,000 times on one node
+            children = node.children()
+            if children:
+                new = tuple(rewrite(c) for c in children)
+                if any(a is not b for a, b in zip(new, children, strict=True)):
+                    node = node.with_children(new)
+            for rule in rules:
+                try:
+                    node = rule.apply(node)
+                except NoReduction:
+                    continue
+                break
+            else:
+                return node
 
     return rewrite(op)
 
@@ -88,16 +90,21 @@ def _product(factors, shape, dtype):
 
 
 def _rewrite_pairs(op, pair_rule):
-    """Apply ``pair_rule(left, right) -> list | None`` to the first matching adjacent pair."""
+    """Apply ``pair_rule(left, right) -> list | None`` (a list of at most one operator) to every matching
+    adjacent pair, in one left-to-right pass: a product of 10,000 diagonals is merged in one pass, not
+    10,000 passes of the rule."""
     if not isinstance(op, Product):
         raise NoReduction
-    fs = list(op.factors)
-    for i in range(len(fs) - 1):
-        out = pair_rule(fs[i], fs[i + 1])
-        if out is not None:
-            new = fs[:i] + list(out) + fs[i + 2:]
-            return _product(new, op.shape, op.dtype)
-    raise NoReduction
+    out, changed = [], False
+    for f in op.factors:
+        out.append(f)
+        while len(out) >= 2 and (merged := pair_rule(out[-2], out[-1])) is not None:
+            assert len(merged) <= 1, "a pair rule must shrink the product"
+            out[-2:] = merged
+            changed = True
+    if not changed:
+        raise NoReduction
+    return _product(out, op.shape, op.dtype)
 
 
 # --- transposes ----------------------------------------------------------------------
@@ -177,7 +184,7 @@ class FoldScalars(Rule):
                 inner = op.op
                 return Scaled(op.scalar * inner.scalar, inner.op,
                               nonnegative=(op.nonnegative and inner.nonnegative) or None,
-                              uid=("mul", op.uid, inner.uid))
+                              uid=product_uid(op.uid, inner.uid))
             raise NoReduction
         if isinstance(op, Product) and any(isinstance(f, Scaled) for f in op.factors):
             scalars = [f for f in op.factors if isinstance(f, Scaled)]
@@ -264,7 +271,7 @@ class DiagonalProduct(Rule):
         def pair(a, b):
             if isinstance(a, Diagonal) and isinstance(b, Diagonal):
                 return [Diagonal(a.d * b.d, nonnegative=(a.nonnegative and b.nonnegative) or None,
-                                 uid=("mul", a.uid, b.uid))]
+                                 uid=product_uid(a.uid, b.uid))]
             return None
 
         return _rewrite_pairs(op, pair)

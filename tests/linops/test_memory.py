@@ -26,6 +26,20 @@ def test_dense_requests_that_cannot_fit_are_refused_before_any_work():
         lo.memory.check_dense(small, limit=10)
 
 
+
+def test_a_wide_operator_as_matrix_allocates_nothing_larger_than_its_matrix():
+    """A 10 x 118k Jacobian's matrix is 9 MB; reading it through 118k columns of an identity allocated 56 GB."""
+    m, n = 4, 50_000
+    W = jax.random.normal(jax.random.key(0), (m, n), jnp.float32)
+    J = lo.FunctionOp(lambda v: W @ v, (m, n), jnp.float32)  # its transpose comes from a VJP
+    jaxpr = jax.make_jaxpr(J.as_matrix)()
+    sizes = [v.aval.size for eqn in jaxpr.jaxpr.eqns for v in eqn.outvars]
+    assert max(sizes) <= m * n  # was n * n (the identity)
+    assert jnp.allclose(J.as_matrix(), W)
+    tall = lo.FunctionOp(lambda v: W.T @ v, (n, m), jnp.float32)  # tall: the n x m identity's columns, as before
+    assert jnp.allclose(tall.as_matrix(), W.T)
+
+
 def test_check_fits_and_format_bytes():
     check_fits(10, "x", "y", limit=10)
     with pytest.raises(MemoryBudgetError, match="thing needs 2.5 GB but only 1.0 GB are available; do less"):

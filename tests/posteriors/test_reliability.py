@@ -136,3 +136,58 @@ def test_half_precision_parameters_are_refused_by_name(dtype):
                  lambda: pst.fsp_laplace(fn, half, (X, y), Matern32(0.5), X[:2], likelihood=Gaussian(1.0))):
         with pytest.raises(TypeError, match=match):
             call()
+
+
+@pytest.mark.parametrize("structure", ["full", "diag", "kfac", "last_layer", "lowrank"])
+def test_laplace_under_jit_equals_the_eager_posterior(structure):
+    """Item 10: the checks are trace-safe, so a whole fit can be jitted (its data traced), to the same posterior."""
+    import equinox as eqx
+
+    from linops.likelihoods import Categorical
+    from linops.models import from_equinox
+
+    model = eqx.nn.MLP(3, 3, 5, 2, activation=jnp.tanh, key=jax.random.key(0), dtype=jnp.float64)
+    fn, params = from_equinox(model)
+    X = jax.random.normal(jax.random.key(1), (30, 3), jnp.float64)
+    y = jnp.arange(30) % 3  # three classes: the output covariance has off-diagonal terms to get wrong
+    kw = {"rank": 6, "key": jax.random.key(2)} if structure == "lowrank" else {}
+
+    def fit(params, X, y, alpha):
+        return pst.laplace(fn, params, (X, y), Categorical(), structure=structure, prior_precision=alpha, **kw)
+
+    eager = fit(params, X, y, 0.7)
+    jitted = eqx.filter_jit(fit)(params, X, y, jnp.asarray(0.7))
+    T = X[:4] + 0.5
+    for a, b in zip(pst.predictive.linearized(jitted, T, full_covariance=True),
+                    pst.predictive.linearized(eager, T, full_covariance=True), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(pst.marginal_log_likelihood(jitted), pst.marginal_log_likelihood(eager), rtol=1e-10)
+    key = jax.random.key(3)
+    np.testing.assert_allclose(jitted.sample(key, 3), eager.sample(key, 3), rtol=1e-9, atol=1e-12)
+
+
+def test_projected_posterior_under_jit_equals_the_eager_one():
+    import equinox as eqx
+
+    from linops.models import from_equinox
+
+    model = eqx.nn.MLP(3, 2, 6, 1, activation=jnp.tanh, key=jax.random.key(0), dtype=jnp.float64)
+    fn, params = from_equinox(model)  # 38 parameters; 8 inputs x 2 outputs = 16 rows
+    X = jax.random.normal(jax.random.key(1), (8, 3), jnp.float64)
+
+    def fit(params, X):
+        return pst.projected_posterior(fn, params, X, batch_size=4, prior_precision=2.0)
+
+    eager = fit(params, X)
+    jitted = eqx.filter_jit(fit)(params, X)
+    key = jax.random.key(4)
+    a, b = jitted.sample(key, 4), eager.sample(key, 4)
+    np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-10)
+    # and the samples are in the kernel of the training Jacobian (the projection ran under jit too)
+    from linops.models import ravel
+
+    J = jax.vmap(jax.jacobian(fn), in_axes=(None, 0))(params, X)
+    Jm = np.concatenate([np.asarray(leaf).reshape(16, -1) for leaf in jax.tree_util.tree_leaves(J)], axis=1)
+    steps = np.asarray(a) - np.asarray(ravel(params)[0])[None, :]
+    assert np.linalg.norm(Jm @ steps.T) <= 1e-6 * np.linalg.norm(Jm) * np.linalg.norm(steps)
+    assert np.linalg.norm(steps) > 1.0  # not a trivial zero step
