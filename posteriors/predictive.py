@@ -200,6 +200,9 @@ def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False
     fn, params, cov = _parts(post)
     P = ravel(params)[0].shape[0]
     M, num_outputs = mean.shape
+    # A subnetwork's rows come from reverse passes through the whole model: each row is a full-length
+    # gradient before its subset is taken, so its chunks are planned with the model's P, not the subset's.
+    planned = ravel(post.params)[0].shape[0] if _restricted_by_index(post) else P
     if full_covariance:
         rows = M * num_outputs
         check_fits((rows * P + rows**2) * np.dtype(mean.dtype).itemsize,
@@ -210,13 +213,18 @@ def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False
     if output_covariance:
         check_fits((M * num_outputs**2 + num_outputs * P * 3) * np.dtype(mean.dtype).itemsize,
                    f"the output covariances of {M} inputs x {num_outputs} outputs", "ask for the variances instead")
-    b, k = _plan(M, num_outputs, P, batch_size, output_covariance)
+    b, k = _plan(M, num_outputs, planned, batch_size, output_covariance)
     if isinstance(post, LaplacePosterior) and post.structure == "kfac" and not output_covariance:
         # per-layer Kronecker quadratic forms of activations and output gradients: no Jacobian row at all
         return mean, kfac_variances(post, inputs, batch_size or max(1, ROW_BUDGET // max(num_outputs * P, 1)))
     # one compiled program per posterior structure and shape; a subnetwork's indices must stay concrete
-    concrete = isinstance(post, LaplacePosterior) and post.subset is not None and post.subset_leaves is None
+    concrete = _restricted_by_index(post)
     return mean, (_row_values if concrete else _row_values_jit)(post, inputs, b, k, output_covariance)
+
+
+def _restricted_by_index(post):
+    """A subnetwork posterior: its space is a set of flat parameter indices, not whole leaves."""
+    return isinstance(post, LaplacePosterior) and post.subset is not None and post.subset_leaves is None
 
 
 def monte_carlo(post: GaussianPosterior, key: jax.Array, inputs, num_samples: int, *, linearized: bool = True):

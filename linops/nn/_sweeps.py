@@ -36,10 +36,10 @@ def scan(blocks, t, batches, reverse=False):
 
 
 def symmetric_scan(blocks, t, batches):
-    """Forward through ``batches``, then back without repeating the last one."""
-    t = scan(blocks, t, batches)
-    rest = jax.tree_util.tree_map(lambda a: a[:-1], batches)
-    return scan(blocks, t, rest, reverse=True)
+    """Forward through ``batches``, then back: $Q_1 \cdots Q_B Q_B \cdots Q_1$, which is the symmetric sweep
+    ($Q_B Q_B = Q_B$, a projector). The last batch is applied twice rather than left out of the way back:
+    slicing it off would copy every batch's stored linearisation (as much memory again as the operator)."""
+    return scan(blocks, scan(blocks, t, batches), batches, reverse=True)
 
 
 def sequential(blocks, v, symmetric=False):
