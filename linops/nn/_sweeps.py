@@ -36,7 +36,7 @@ def scan(blocks, t, batches, reverse=False):
 
 
 def symmetric_scan(blocks, t, batches):
-    """Forward through ``batches``, then back: $Q_1 \cdots Q_B Q_B \cdots Q_1$, which is the symmetric sweep
+    r"""Forward through ``batches``, then back: $Q_1 \cdots Q_B Q_B \cdots Q_1$, which is the symmetric sweep
     ($Q_B Q_B = Q_B$, a projector). The last batch is applied twice rather than left out of the way back:
     slicing it off would copy every batch's stored linearisation (as much memory again as the operator)."""
     return scan(blocks, scan(blocks, t, batches), batches, reverse=True)
