@@ -135,3 +135,28 @@ def test_bad_input_is_refused_with_a_clear_error():
     other = pst.subnetwork.from_indices(jnp.zeros(10), [1])
     with pytest.raises(ValueError, match="indexes 10 parameters but params have 74"):
         pst.subnetwork_laplace(fn, params, (X, y), Categorical(), other)
+
+
+def test_the_predictive_plans_its_row_chunks_with_the_whole_model(monkeypatch):
+    """Each of a subnetwork's Jacobian rows is a full-length gradient before its subset is taken; chunks planned
+    with the subset's size held (model P / subset size) times the row budget (3.9 GB for LeNet-5 and 1,000 test
+    images). The chunked values must still equal the dense diag(J_S Σ J_Sᵀ)."""
+    from posteriors import predictive
+
+    fn, params = _mlp()
+    X, y = _data()
+    P = ravel(params)[0].shape[0]
+    sub = pst.subnetwork.largest_magnitude(params, 5)
+    post = pst.subnetwork_laplace(fn, params, (X, y), Categorical(), sub, prior_precision=2.0)
+    seen = []
+    plan = predictive._plan
+    monkeypatch.setattr(predictive, "_plan", lambda M, K, P_, *a: seen.append(P_) or plan(M, K, P_, *a))
+    monkeypatch.setattr(predictive, "ROW_BUDGET", 2 * 2 * P)  # room for 2 inputs' rows of the whole model
+    T = X[:9] + 0.3
+    _, var = pst.predictive.linearized(post, T)
+    assert seen == [P]
+    idx = np.asarray(post.subset)
+    flat, unravel = ravel(params)
+    J = jax.jacfwd(lambda w: jax.vmap(fn, in_axes=(None, 0))(unravel(w), T))(flat)[..., idx]  # (M, O, S)
+    cov = np.asarray(post.ggn.covariance(post.prior_precision, post.noise_scale, post.factor).as_matrix())
+    assert_close(var, np.einsum("mos,st,mot->mo", J, cov, J), rtol=1e-9)
