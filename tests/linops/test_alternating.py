@@ -337,3 +337,22 @@ def test_a_symmetric_sweep_copies_no_stored_linearisation():
     for P_b in projectors + projectors[::-1][1:]:
         Q = P_b @ Q
     assert_close(op.symmetric_sweep(x), Q @ np.asarray(x), rtol=1e-8)
+
+
+@pytest.mark.parametrize("by_products", [True, False])
+def test_both_ways_of_forming_the_grams_give_the_projection(by_products, monkeypatch):
+    """The set-up forms each batch's Gram by forward-mode products or by the rows' inner products (whichever XLA
+    counts fewer flops for); either must give the projector onto the kernel of J."""
+    from linops.nn import _rowblocks
+
+    chosen = []
+    monkeypatch.setattr(_rowblocks, "_gram_by_products", lambda *a: chosen.append(by_products) or by_products)
+    params, X, J, null, x = _setup(1, 12)
+    for store in (True, False):
+        op = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=4, rtol=1e-12, max_sweeps=2000,
+                                                      store_linearization=store)
+        rows = [J[b * 12:(b + 1) * 12] for b in range(3)]
+        traces = np.asarray(op.blocks.traces)
+        assert_close(traces, [np.trace(M @ M.T) for M in rows], rtol=1e-10)
+        assert_close(op.project(x).value, null @ np.asarray(x), atol=1e-7)
+    assert chosen == [by_products, by_products]
