@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
 import jax
@@ -70,6 +70,11 @@ class StructuredGGN(eqx.Module):
     shape share their compiled programs (an operator's leaf keys are static pytree data).
     """
 
+    compile_fit: ClassVar[bool] = False
+    """Whether `posteriors.laplace` runs `fit` as one compiled program (cached per structure, model and shapes);
+    the built-in structures do. A new structure whose `fit` needs concrete values (a Python loop over data, a
+    host callback) keeps the default False and runs eagerly."""
+
     @classmethod
     def fit(cls, request: FitRequest) -> StructuredGGN:
         raise NotImplementedError
@@ -106,6 +111,8 @@ class StructuredGGN(eqx.Module):
 class FullGGN(StructuredGGN):
     """The dense GGN: the posterior precision held as its Cholesky factor; for a scalar prior, the GGN's
     eigenvalues for cheap tuning."""
+
+    compile_fit = True
 
     G: jax.Array
 
@@ -150,6 +157,8 @@ class FullGGN(StructuredGGN):
 class DiagGGN(StructuredGGN):
     """The exact diagonal of the GGN."""
 
+    compile_fit = True
+
     g: jax.Array
 
     @classmethod
@@ -163,6 +172,8 @@ class DiagGGN(StructuredGGN):
 @register("lowrank")
 class LowRankGGN(StructuredGGN):
     """Top GGN eigenpairs $U \\operatorname{diag}(\\lambda) U^\\top$ (orthonormal $U$): Woodbury, never ``P x P``."""
+
+    compile_fit = True
 
     U: jax.Array
     lam: jax.Array
@@ -204,6 +215,8 @@ class KFACGGN(StructuredGGN):
     block, none (the identity) for the exact diagonal of a leaf in no recognised layer; a grouped convolution's
     factors carry a leading group axis, $Q$ block-diagonal over the groups). One prior precision per leaf shifts
     each block's eigenvalues. ``diagonal_leaves`` names the leaves given the exact GGN diagonal."""
+
+    compile_fit = True
 
     eigenvectors: tuple  # per leaf: a tuple of orthogonal matrices (or stacks of them, one per group)
     eigenvalues: tuple  # per leaf: w >= 0

@@ -27,6 +27,12 @@ import linops as lo
 from linops.models import ravel
 
 
+@eqx.filter_jit
+def _batched_outputs(fn, params, inputs):
+    """``fn`` on every input, as one program per model and shapes."""
+    return jax.vmap(fn, in_axes=(None, 0))(params, inputs)
+
+
 class GaussianPosterior(eqx.Module):
     r"""Base class: $\mathcal N(\theta^*, \Sigma)$ over the flat parameters of ``fn``.
 
@@ -77,7 +83,7 @@ class GaussianPosterior(eqx.Module):
         if len(out.shape) != 1:
             raise ValueError(f"{type(self).__name__}: fn(params, x) must return a 1-D vector of outputs for one "
                              f"example, got shape {out.shape}")
-        return jax.vmap(self.fn, in_axes=(None, 0))(self.params, inputs)
+        return _batched_outputs(self.fn, self.params, inputs)
 
     def linearized_outputs(self, deltas, inputs) -> jax.Array:
         r"""$f(\theta^*, x) + J(x)\,\delta$ for each row $\delta$ of ``deltas`` ``(n, P)``, shape ``(n, M, O)``."""

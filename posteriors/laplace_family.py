@@ -11,6 +11,7 @@ refactorisation (`LaplacePosterior.with_prior`), which is what evidence maximisa
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -116,6 +117,11 @@ class LaplacePosterior(GaussianPosterior):
                            is_leaf=lambda x: x is None)
 
 
+@eqx.filter_jit
+def _factorize_compiled(ggn, alpha, scale):
+    return ggn.factorize(alpha, scale)
+
+
 def _factorize(ggn, alpha, scale, who):
     """The structure's factorisation at ``(alpha, scale)``, refused when it is not finite.
 
@@ -124,7 +130,7 @@ def _factorize(ggn, alpha, scale, who):
     prediction and evidence would silently be NaN with it. A traced factor (under ``jax.jit``) cannot be
     checked here.
     """
-    factor = ggn.factorize(alpha, scale)
+    factor = (_factorize_compiled if ggn.compile_fit else type(ggn).factorize)(ggn, alpha, scale)
     leaves = [a for a in jax.tree_util.tree_leaves(factor) if isinstance(a, jax.Array)]
     if leaves and not any(isinstance(a, jax.core.Tracer) for a in leaves):
         if not all(bool(jnp.all(jnp.isfinite(a))) for a in leaves):
@@ -312,25 +318,60 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
     if structure == "last_layer":
         chosen = tuple(last_layer_leaves(params, last_layer, fn=fn, x=jax.tree_util.tree_map(lambda a: a[0], X)))
         fit_fn, fit_params, subset = _submodel(fn, params, chosen)
-    G = lo.GGNOp(fit_fn, fit_params, X, Y, likelihood, batch_size=batch_size, mesh=mesh)
-    request = S.FitRequest(G, fit_fn, fit_params, (X, Y), likelihood, batch_size, mesh, rank, num_steps, key,
-                           kfac_fallback, who, kfac_approximation)
-    ggn = S.REGISTRY["full" if structure == "last_layer" else structure].fit(request)
+    lo.GGNOp(fit_fn, fit_params, X, Y, likelihood, batch_size=batch_size, mesh=mesh)  # checks the data, eagerly
+    cls = S.REGISTRY["full" if structure == "last_layer" else structure]
+    options = _FitOptions(batch_size, mesh, rank, num_steps, kfac_fallback, who, kfac_approximation)
+    fit = _fit_compiled if cls.compile_fit else _fit_structure
+    ggn = fit(cls, fn, params, X, Y, likelihood, chosen, key, options)
     alpha = _canonical_prior(prior_precision, params, subset, structure, ggn, who)
     return make_posterior(fn, params, X, Y, likelihood, structure, ggn, alpha, subset, chosen)
+
+
+class _FitOptions(NamedTuple):
+    """The static options of a fit (hashable: part of the compiled program's key)."""
+
+    batch_size: int | None
+    mesh: Any
+    rank: int | None
+    num_steps: int | None
+    kfac_fallback: str | None
+    who: str
+    kfac_approximation: str
+
+
+def _fit_structure(cls, fn, params, X, Y, likelihood, chosen, key, o):
+    """``cls.fit`` on the GGN of ``fn`` (of the leaves ``chosen`` alone when given, the rest closed over)."""
+    fit_fn, fit_params = fn, params
+    if chosen is not None:
+        fit_fn, fit_params, _ = _submodel(fn, params, chosen)
+    G = lo.GGNOp(fit_fn, fit_params, X, Y, likelihood, batch_size=o.batch_size, mesh=o.mesh)
+    return cls.fit(S.FitRequest(G, fit_fn, fit_params, (X, Y), likelihood, o.batch_size, o.mesh, o.rank,
+                                o.num_steps, key, o.kfac_fallback, o.who, o.kfac_approximation))
+
+
+# `_fit_structure` as one program, compiled once per structure, model function, shapes and options (the arrays are
+# its arguments): a second fit of the same kind, on new weights or data, compiles nothing.
+_fit_compiled = eqx.filter_jit(_fit_structure)
+
+
+@eqx.filter_jit
+def _data_terms(fn, params, X, Y, likelihood):
+    """The evidence's data terms: the summed loss, and (Gaussian likelihood) the residual sums of squares."""
+    out = jax.vmap(fn, in_axes=(None, 0))(params, X)
+    lik_axis = 0 if likelihood.per_example else None
+    loss = jnp.sum(jax.vmap(lambda lk, f, y: lk.nll(f, y), in_axes=(lik_axis, 0, 0))(likelihood, out, Y))
+    return loss, (jnp.sum((Y - out) ** 2, axis=0) if isinstance(likelihood, Gaussian) else None)
 
 
 def make_posterior(fn, params, X, Y, likelihood, structure, ggn, alpha, subset, subset_leaves) -> LaplacePosterior:
     """A `LaplacePosterior` from a fitted GGN: the data terms of the evidence, and the factorisation."""
     flat, unravel = ravel(params)
-    out = jax.vmap(fn, in_axes=(None, 0))(params, X)
-    lik_axis = 0 if likelihood.per_example else None
-    loss = jnp.sum(jax.vmap(lambda lk, f, y: lk.nll(f, y), in_axes=(lik_axis, 0, 0))(likelihood, out, Y))
-    rss = jnp.sum((Y - out) ** 2, axis=0) if isinstance(likelihood, Gaussian) else None
+    loss, rss = _data_terms(fn, params, X, Y, likelihood)
     scale = jnp.ones((), flat.dtype)
     return LaplacePosterior(fn=fn, params=params, unravel=unravel, structure=structure, likelihood=likelihood,
                             ggn=ggn, prior_precision=alpha, noise_scale=scale, subset=subset,
-                            subset_leaves=subset_leaves, loss=loss, residual_ss=rss, num_examples=int(out.shape[0]),
+                            subset_leaves=subset_leaves, loss=loss, residual_ss=rss,
+                            num_examples=int(jax.tree_util.tree_leaves(X)[0].shape[0]),
                             factor=_factorize(ggn, alpha, scale, "subnetwork_laplace" if structure == "subnetwork"
                                               else f"laplace(structure={structure!r})"))
 

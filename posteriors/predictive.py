@@ -29,7 +29,7 @@ from linops._batching import batched_map
 from linops.likelihoods import Bernoulli, Categorical, Gaussian
 from linops.memory import check_fits
 from linops.models import ravel
-from posteriors._kfac_predictive import kfac_variances
+from posteriors._layer_predictive import diag_variances, kfac_variances
 from posteriors.gaussian import GaussianPosterior, LowRankPosterior
 from posteriors.laplace_family import LaplacePosterior
 from posteriors.projected import ProjectedPosterior
@@ -214,9 +214,10 @@ def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False
         check_fits((M * num_outputs**2 + num_outputs * P * 3) * np.dtype(mean.dtype).itemsize,
                    f"the output covariances of {M} inputs x {num_outputs} outputs", "ask for the variances instead")
     b, k = _plan(M, num_outputs, planned, batch_size, output_covariance)
-    if isinstance(post, LaplacePosterior) and post.structure == "kfac" and not output_covariance:
-        # per-layer Kronecker quadratic forms of activations and output gradients: no Jacobian row at all
-        return mean, kfac_variances(post, inputs, batch_size or max(1, ROW_BUDGET // max(num_outputs * P, 1)))
+    if isinstance(post, LaplacePosterior) and post.structure in ("kfac", "diag") and not output_covariance:
+        # per-layer quadratic forms of activations and output gradients (Kronecker or diagonal): no Jacobian row
+        layer_variances = kfac_variances if post.structure == "kfac" else diag_variances
+        return mean, layer_variances(post, inputs, batch_size or max(1, ROW_BUDGET // max(num_outputs * P, 1)))
     # one compiled program per posterior structure and shape; a subnetwork's indices must stay concrete
     concrete = _restricted_by_index(post)
     return mean, (_row_values if concrete else _row_values_jit)(post, inputs, b, k, output_covariance)

@@ -351,15 +351,38 @@ def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Sub
         # subset is scattered into the whole flat vector; same values, derivatives through all leaves.
         indices = subnetwork.indices
         fn_S, theta_S = _restrict_traced(fn, params, indices)
+        G = lo.GGNOp(fn_S, theta_S, X, Y, likelihood, batch_size=batch_size, mesh=mesh).as_matrix()
     else:
         fn_S, theta_S = restrict(fn, params, np.asarray(subnetwork.indices))
+        lo.GGNOp(fn_S, theta_S, X, Y, likelihood, batch_size=batch_size, mesh=mesh)  # checks the data, eagerly
+        G = _restricted_ggn(fn, params, X, Y, likelihood, _IndexSet(subnetwork.indices), batch_size, mesh)
         indices = jnp.asarray(np.asarray(subnetwork.indices))
-    G = lo.GGNOp(fn_S, theta_S, X, Y, likelihood, batch_size=batch_size, mesh=mesh).as_matrix()
     ggn = S.FullGGN(G)
     alpha = _canonical_prior(prior_precision, params, indices, "subnetwork", ggn, who)
     if rescale_prior:
         alpha = alpha * (s / P)
     return make_posterior(fn, params, X, Y, likelihood, "subnetwork", ggn, alpha, indices, None)
+
+
+class _IndexSet:
+    """Concrete flat indices as static data of a compiled program: equal when the indices are."""
+
+    def __init__(self, indices):
+        self.value = np.asarray(indices)
+        self._key = (self.value.dtype.str, self.value.shape, self.value.tobytes())
+
+    def __eq__(self, other):
+        return isinstance(other, _IndexSet) and self._key == other._key
+
+    def __hash__(self):
+        return hash(self._key)
+
+
+@eqx.filter_jit
+def _restricted_ggn(fn, params, X, Y, likelihood, index_set, batch_size, mesh):
+    """The dense GGN of ``fn`` restricted to ``index_set``: one program per model, subnetwork and shapes."""
+    fn_S, theta_S = restrict(fn, params, index_set.value)
+    return lo.GGNOp(fn_S, theta_S, X, Y, likelihood, batch_size=batch_size, mesh=mesh).as_matrix()
 
 
 def _restrict_traced(fn, params, indices):

@@ -117,6 +117,35 @@ def _multiply_output_covariances(tree):
     return jax.tree_util.tree_map(multiply, tree, is_leaf=_is_square_root)
 
 
+def _unpack(variables, params, fixed, static, noise, fit_noise):
+    """``(kernel, noise)`` from the optimised variables (logarithms, square-root factors)."""
+    logs, roots = variables
+    values = jax.tree_util.tree_map(lambda lg, a, f: jnp.where(f, a, jnp.exp(lg)), logs, params, fixed)
+    kern, noise_ = _multiply_output_covariances(eqx.combine(values, roots, static, is_leaf=_is_square_root))
+    return kern, (noise_ if fit_noise else noise)
+
+
+@eqx.filter_jit
+def _fit_gp_program(variables, params, fixed, static, X, y, noise, learning_rate, num_steps, fit_noise):
+    """Adam's ``num_steps`` steps as one program, compiled once per kernel structure, shapes and step count."""
+    import optax
+
+    def loss(variables):
+        kern, noise_ = _unpack(variables, params, fixed, static, noise, fit_noise)
+        return -gp_log_marginal_likelihood(kern, X, y, noise_)
+
+    opt = optax.adam(learning_rate)
+
+    def step(state, _):
+        variables, opt_state = state
+        value, grad = jax.value_and_grad(loss)(variables)
+        updates, opt_state = opt.update(grad, opt_state, variables)
+        return (optax.apply_updates(variables, updates), opt_state), -value
+
+    (variables, _), history = lax.scan(step, (variables, opt.init(variables)), None, length=num_steps)
+    return variables, history
+
+
 def fit_gp(kernel: Kernel, X, y, *, noise_variance=0.1, num_steps: int = 200, learning_rate: float = 0.05,
            max_points: int | None = None, key: jax.Array | None = None, fit_noise: bool = True) -> GPFit:
     r"""Maximise the exact GP marginal likelihood over the kernel's hyperparameters (and the noise).
@@ -148,8 +177,6 @@ def fit_gp(kernel: Kernel, X, y, *, noise_variance=0.1, num_steps: int = 200, le
         >>> bool(fit.log_marginal_likelihood[-1] > fit.log_marginal_likelihood[0])
         True
     """
-    import optax
-
     X = _check_inputs(X, "fit_gp")
     y = _check_targets(kernel, X, y, "fit_gp")
     kernel.check_inputs(X)
@@ -166,29 +193,8 @@ def fit_gp(kernel: Kernel, X, y, *, noise_variance=0.1, num_steps: int = 200, le
     fixed = jax.tree_util.tree_map(lambda a: a <= 0, params)
     logs = jax.tree_util.tree_map(lambda a, f: jnp.log(jnp.where(f, 1.0, a)), params, fixed)
 
-    def unpack(variables):
-        logs, roots = variables
-        values = jax.tree_util.tree_map(lambda lg, a, f: jnp.where(f, a, jnp.exp(lg)), logs, params, fixed)
-        kern, noise_ = _multiply_output_covariances(eqx.combine(values, roots, static, is_leaf=_is_square_root))
-        return kern, (noise_ if fit_noise else noise)
-
-    def loss(variables):
-        kern, noise_ = unpack(variables)
-        return -gp_log_marginal_likelihood(kern, X, y, noise_)
-
-    opt = optax.adam(learning_rate)
-
-    @jax.jit
-    def run(variables):
-        def step(state, _):
-            variables, opt_state = state
-            value, grad = jax.value_and_grad(loss)(variables)
-            updates, opt_state = opt.update(grad, opt_state, variables)
-            return (optax.apply_updates(variables, updates), opt_state), -value
-
-        (variables, _), history = lax.scan(step, (variables, opt.init(variables)), None, length=num_steps)
-        return variables, history
-
-    variables, history = run((logs, roots))
-    kern, noise_ = unpack(variables)
+    variables, history = _fit_gp_program((logs, roots), params, fixed, static, X, y, noise,
+                                         jnp.asarray(learning_rate, jnp.result_type(float)), int(num_steps),
+                                         bool(fit_noise))
+    kern, noise_ = _unpack(variables, params, fixed, static, noise, fit_noise)
     return GPFit(kern, noise_, history, int(X.shape[0]))

@@ -36,7 +36,7 @@ import numpy as np
 
 from linops._batching import check_mesh, num_examples, sharded_sum
 from linops.memory import check_fits
-from linops.nn._kfac_layers import tapped_layers
+from linops.nn._kfac_layers import trace_layers as _trace
 from linops.nn._operators import _check_batch_size, _check_likelihood, _check_model
 from linops.nn.likelihoods import Likelihood
 
@@ -81,21 +81,6 @@ class FoundLayer(NamedTuple):
     weight: int
     bias: int | None
     positions: int
-
-
-def _trace(fn, params, x):
-    """``(layers, tapped, leaves)``: the recognised layers of ``fn`` on one example ``x``."""
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    x_leaves, x_tree = jax.tree_util.tree_flatten(x)
-
-    def flat_fn(*args):
-        p = jax.tree_util.tree_unflatten(treedef, args[: len(leaves)])
-        return fn(p, jax.tree_util.tree_unflatten(x_tree, args[len(leaves):]))
-
-    with jax.disable_jit():  # inline the model's own jitted calls, so that their layers are seen
-        closed = jax.make_jaxpr(flat_fn)(*leaves, *x_leaves)
-    layers, tapped = tapped_layers(closed, len(leaves))
-    return layers, tapped, leaves
 
 
 def find_layers(fn: Callable, params, x) -> tuple[FoundLayer, ...]:

@@ -253,3 +253,18 @@ def tapped_layers(closed, num_leaves):
                               (None,) * (len(outvars) + len(acts)))
     new = jex.core.Jaxpr(jaxpr.constvars, invars, outvars + acts, new_eqns, jaxpr.effects, info)
     return layers, jex.core.jaxpr_as_fun(jex.core.ClosedJaxpr(new, closed.consts))
+
+
+def trace_layers(fn, params, x):
+    """``(layers, tapped, leaves)``: the recognised layers of ``fn`` on one example ``x``."""
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    x_leaves, x_tree = jax.tree_util.tree_flatten(x)
+
+    def flat_fn(*args):
+        p = jax.tree_util.tree_unflatten(treedef, args[: len(leaves)])
+        return fn(p, jax.tree_util.tree_unflatten(x_tree, args[len(leaves):]))
+
+    with jax.disable_jit():  # inline the model's own jitted calls, so that their layers are seen
+        closed = jax.make_jaxpr(flat_fn)(*leaves, *x_leaves)
+    layers, tapped = tapped_layers(closed, len(leaves))
+    return layers, tapped, leaves

@@ -20,6 +20,7 @@ from linops import _tags
 from linops._base import LinearOperator, new_key
 from linops._batching import check_mesh as _check_mesh
 from linops._batching import num_examples, sharded_map, sharded_sum
+from linops.nn._layer_diag import layer_diag, layer_plan
 from linops.nn.likelihoods import Likelihood
 from linops.nn.models import ravel
 
@@ -220,9 +221,11 @@ class GGNOp(_LikelihoodOperator):
 
     Each product is, per batch, a JVP, the likelihood's closed-form output Hessian and a
     VJP, summed with `lax.scan` over full batches plus the short last batch (never
-    dropped). Tagged symmetric and PSD. ``lo.diag(G)`` is exact: per-example VJPs of the
-    rows of a Hessian factor $A_n$ ($A_n^\top A_n = H_n$), in batches of
-    ``max(1, batch_size // O)`` examples (memory ``O(batch * P)``);
+    dropped). Tagged symmetric and PSD. ``lo.diag(G)`` is exact: one reverse pass per row
+    of a Hessian factor $A_n$ ($A_n^\top A_n = H_n$) to the outputs of the dense and
+    convolutional layers found in ``fn``'s program (`linops.nn.find_layers`), whose blocks
+    follow from per-layer rules (a dense layer on a vector never forms a per-example
+    gradient); leaves in no such layer take their own per-example reverse passes;
     ``lo.diag(G, method="hutchinson", key=...)`` estimates it. ``G.as_matrix()`` costs
     ``P`` products and is only ever an explicit request.
 
@@ -308,6 +311,15 @@ class GGNOp(_LikelihoodOperator):
         return self._sum(batch, self._data(), chunk)
 
     def _diag(self):
+        # The dense and convolutional layers found in fn's program get their blocks by per-layer rules (no
+        # per-example gradient of the whole network: `_layer_diag`); a model with none takes the general path.
+        plan = layer_plan(self.fn, self.params, jax.tree_util.tree_map(lambda a: a[0], self.inputs))
+        if plan is not None:
+            return layer_diag(plan, self.likelihood, self.inputs, self.targets, self.num_outputs, self.batch_size,
+                              self.mesh, self.axis)
+        return self._diag_by_gradients()
+
+    def _diag_by_gradients(self):
         # Example n adds the column sums of squares of its K rows A_n J_n (K x P). With many outputs (a
         # 1,000-class head) the rows are taken in blocks of at most ~2^25 numbers, one `lax.scan` step per
         # block, and the examples of a batch are bounded the same way: never K x P per example at once.

@@ -15,15 +15,56 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 
 
+class Unravel:
+    """The way back from a flat vector to a params pytree: equal (and hashed alike) for pytrees of one
+    structure, shapes and dtypes, so that a jitted function taking it as static data compiles once per
+    structure, not once per `ravel` call (a fresh closure would never compare equal).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from linops.models import ravel
+        >>> _, u1 = ravel({"w": jnp.ones((2, 2))}); _, u2 = ravel({"w": jnp.zeros((2, 2))})
+        >>> u1 == u2, u1(jnp.arange(4.0))["w"].shape
+        (True, (2, 2))
+    """
+
+    __slots__ = ("treedef", "shapes", "dtypes", "_key")
+
+    def __init__(self, treedef, shapes, dtypes):
+        self.treedef, self.shapes, self.dtypes = treedef, tuple(shapes), tuple(dtypes)
+        self._key = (treedef, self.shapes, self.dtypes)
+
+    def __call__(self, flat):
+        flat = jnp.asarray(flat)
+        sizes = [math.prod(s) for s in self.shapes]
+        if flat.shape != (sum(sizes),):
+            raise ValueError(f"unravel: expected a flat vector of shape ({sum(sizes)},), got {flat.shape}")
+        parts = jnp.split(flat, np.cumsum(sizes)[:-1]) if len(sizes) > 1 else [flat]
+        leaves = [p.reshape(s).astype(d) for p, s, d in zip(parts, self.shapes, self.dtypes, strict=True)]
+        return jax.tree_util.tree_unflatten(self.treedef, leaves)
+
+    def __eq__(self, other):
+        return isinstance(other, Unravel) and self._key == other._key
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __repr__(self):
+        return f"Unravel({len(self.shapes)} leaves, {sum(math.prod(s) for s in self.shapes)} numbers)"
+
+
 def ravel(params):
-    """``(flat, unravel)``: the params pytree as one vector, and the way back.
+    """``(flat, unravel)``: the params pytree as one vector, and the way back (an `Unravel`).
 
     Example:
         >>> import jax.numpy as jnp
@@ -32,7 +73,9 @@ def ravel(params):
         >>> flat.shape, unravel(flat)["w"].shape
         ((6,), (2, 2))
     """
-    return ravel_pytree(params)
+    flat, _ = ravel_pytree(params)
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    return flat, Unravel(treedef, [jnp.shape(a) for a in leaves], [jnp.result_type(a) for a in leaves])
 
 
 def from_equinox(module) -> tuple[Callable, object]:
@@ -153,4 +196,4 @@ def restrict(fn: Callable, params, indices) -> tuple[Callable, jax.Array]:
     return fn_S, flat[idx]
 
 
-__all__ = ["check_indices", "from_equinox", "from_flax_nnx", "per_example", "ravel", "restrict"]
+__all__ = ["Unravel", "check_indices", "from_equinox", "from_flax_nnx", "per_example", "ravel", "restrict"]

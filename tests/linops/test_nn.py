@@ -324,7 +324,7 @@ def test_swapping_params_with_tree_at_reuses_the_compiled_product():
 def test_ggn_diagonal_in_blocks_of_outputs_equals_the_dense_one(monkeypatch, budget):
     """With many outputs the diagonal takes the rows A_n J_n a block of outputs at a time (budget 1: one row
     per block; 2 x 62: two rows, so the last of 7 outputs is a padded block). Each equals diag of the dense GGN."""
-    from linops.nn import _operators
+    from linops.nn import _layer_diag, _operators
 
     out = 7
     params, X = _params(21, 1, out=out), _inputs(22)
@@ -333,4 +333,6 @@ def test_ggn_diagonal_in_blocks_of_outputs_equals_the_dense_one(monkeypatch, bud
     assert G.shape[0] == 62
     dense = np.diag(np.asarray(G.as_matrix()))
     monkeypatch.setattr(_operators, "_ROW_BUDGET", budget)
-    assert_close(lo.diag(G), dense, rtol=1e-12)
+    assert_close(G._diag_by_gradients(), dense, rtol=1e-12)  # the general path (models with no layer found)
+    monkeypatch.setattr(_layer_diag, "_BUDGET", budget)
+    assert_close(lo.diag(G), dense, rtol=1e-12)  # the per-layer rules

@@ -47,7 +47,7 @@ def test_help_lists_every_command():
 
 def _run(tmp_path, *argv):
     out = tmp_path / "out"
-    assert main([*argv, "--smoke", "--quiet", "--out", str(out)]) == 0
+    assert main([*argv, "--smoke", "--quiet", "--out", str(out), "--compilation-cache", "none"]) == 0
     return out
 
 
@@ -111,3 +111,21 @@ def test_fsp_command(tmp_path):
     for row in rows.values():
         assert row["test_mse"] > 0 and row["test_log_likelihood"] < 10
     assert (out / "fsp_maunaloa.png").stat().st_size > 0
+
+
+def test_the_compilation_cache_is_opt_in_and_written_where_asked(tmp_path):
+    """Importing the library sets no cache; `use_compilation_cache` (what the command line calls) writes compiled
+    programs to its directory. In a subprocess: the setting is process-wide."""
+    code = (
+        "import sys, jax, jax.numpy as jnp, posteriors, linops\n"
+        "assert not jax.config.jax_compilation_cache_dir, 'set at import'\n"
+        "from posteriors.cli import use_compilation_cache\n"
+        "use_compilation_cache(sys.argv[1])\n"
+        "def long(a):\n"
+        "    for i in range(120):\n"
+        "        a = jnp.sin(a) @ a.T + i\n"
+        "    return a\n"
+        "jax.jit(long)(jnp.ones((8, 8))).block_until_ready()\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "cache")], check=True)
+    assert any((tmp_path / "cache").iterdir())

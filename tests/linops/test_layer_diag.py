@@ -1,0 +1,121 @@
+"""The GGN diagonal by per-layer rules (`linops.nn._layer_diag`) against the dense GGN's diagonal.
+
+Each model mixes what the rules must get right: convolutions with strides, dilation, padding and
+feature groups; an HWIO kernel (output index last); a dense layer shared over tokens; a transposed
+weight; biases through reshapes; leaves in no layer (a norm scale, a weight used twice) that take
+their own reverse pass; a per-example likelihood; and rows of the Hessian factor in blocks.
+"""
+
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import linops as lo
+from linops.likelihoods import Categorical, Gaussian
+from linops.models import from_equinox
+from linops.nn import _layer_diag
+
+from ._util import assert_close
+
+
+def _f64(tree):
+    return jax.tree_util.tree_map(lambda a: a.astype(jnp.float64) if eqx.is_inexact_array(a) else a, tree)
+
+
+class _CNN(eqx.Module):
+    c1: eqx.nn.Conv2d
+    c2: eqx.nn.Conv2d
+    norm: eqx.nn.LayerNorm
+    head: eqx.nn.Linear
+
+    def __init__(self, groups, key):
+        k1, k2, k3 = jax.random.split(key, 3)
+        self.c1 = eqx.nn.Conv2d(2, 4, (3, 2), padding=((1, 1), (0, 2)), dilation=(1, 2), key=k1)
+        self.c2 = eqx.nn.Conv2d(4, 4, 3, stride=2, groups=groups, key=k2)
+        self.norm = eqx.nn.LayerNorm(4 * 3 * 2)
+        self.head = eqx.nn.Linear(4 * 3 * 2, 3, key=k3)
+
+    def __call__(self, x):
+        h = jax.nn.relu(self.c1(x))
+        h = eqx.nn.MaxPool2d(2, 1)(h)
+        h = jnp.tanh(self.c2(h))
+        return self.head(self.norm(h.reshape(-1)))
+
+
+def _hwio_tokens(p, x):
+    """An HWIO convolution, a dense layer shared over the 25 pixels as tokens (weight transposed), a pooled
+    head, and a matrix used twice (in no layer)."""
+    h = jax.lax.conv_general_dilated(x[None], p["k"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))[0]
+    h = jnp.tanh(h + p["b"].reshape(1, 1, 3))  # (5, 5, 3)
+    t = jnp.tanh(h.reshape(-1, 3) @ p["W"].T).mean(0)  # (4,)
+    t = jnp.tanh(p["S"] @ jnp.tanh(p["S"] @ t))
+    return p["V"] @ t + p["c"]
+
+
+def _hwio_params(key):
+    k = jax.random.split(key, 4)
+    return {"k": jax.random.normal(k[0], (3, 3, 2, 3), jnp.float64), "b": jnp.full(3, 0.1, jnp.float64),
+            "W": jax.random.normal(k[1], (4, 3), jnp.float64), "S": jax.random.normal(k[2], (4, 4), jnp.float64) / 2,
+            "V": jax.random.normal(k[3], (2, 4), jnp.float64), "c": jnp.zeros(2, jnp.float64)}
+
+
+def _cases():
+    key = jax.random.key(0)
+    for groups in (1, 2):
+        fn, params = from_equinox(_f64(_CNN(groups, jax.random.key(groups))))
+        X = jax.random.normal(key, (7, 2, 8, 6), jnp.float64)
+        yield f"cnn-groups{groups}", fn, params, X, jnp.arange(7) % 3, Categorical()
+    X = jax.random.normal(key, (6, 5, 5, 2), jnp.float64)
+    Y = jax.random.normal(jax.random.key(1), (6, 2), jnp.float64)
+    yield "hwio-tokens", _hwio_tokens, _hwio_params(key), X, Y, Gaussian(0.5)
+    sigma = jnp.linspace(0.5, 1.5, 6 * 2).reshape(6, 2)
+    yield "hwio-tokens-heteroscedastic", _hwio_tokens, _hwio_params(key), X, Y, Gaussian(sigma, heteroscedastic=True)
+
+
+CASES = {name: case for name, *case in _cases()}
+
+
+@functools.cache
+def _dense_diagonal(name):
+    fn, params, X, Y, lik = CASES[name]
+    return np.diag(np.asarray(lo.GGNOp(fn, params, X, Y, lik).as_matrix()))
+
+
+@pytest.mark.parametrize("budget", [None, 1, 150])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_layer_rules_give_the_dense_ggn_diagonal(name, budget, monkeypatch):
+    """Budget 1: one row of the Hessian factor per block and one example per batch; 150: blocks of a few rows
+    (a padded last block); None: all rows at once. Each equals diag of the dense GGN, eager and under jit."""
+    fn, params, X, Y, lik = CASES[name]
+    if budget is not None:
+        monkeypatch.setattr(_layer_diag, "_BUDGET", budget)
+    G = lo.GGNOp(fn, params, X, Y, lik, batch_size=4)  # a short last batch
+    plan = _layer_diag.layer_plan(fn, params, X[0])
+    assert plan is not None and plan[3], "every case has a leaf in no layer (its own reverse pass)"
+    dense = _dense_diagonal(name)
+    assert dense.min() > 0 and np.ptp(dense) > 0
+    assert_close(lo.diag(G), dense, rtol=1e-10)
+    assert_close(jax.jit(lo.diag)(G), dense, rtol=1e-10)
+    assert_close(G._diag_by_gradients(), dense, rtol=1e-10)
+
+
+def test_the_layers_found_are_those_the_rules_use():
+    fn, params, X, *_ = CASES["hwio-tokens"]
+    layers = lo.nn.find_layers(fn, params, X[0])
+    names = sorted(params)  # a dict's leaves are in key order
+    assert [(L.kind, names[L.weight], None if L.bias is None else names[L.bias], L.positions) for L in layers] == [
+        ("conv", "k", "b", 25), ("dense", "W", None, 25), ("dense", "V", "c", 1)]
+    assert [names[i] for i in _layer_diag.layer_plan(fn, params, X[0])[3]] == ["S"]
+
+
+def test_a_model_without_a_layer_takes_the_general_path():
+    fn = lambda p, x: jnp.tanh(p["a"] * x + p["b"])  # noqa: E731 - elementwise parameters only
+    params = {"a": jnp.linspace(0.5, 1.5, 3, dtype=jnp.float64), "b": jnp.ones(3, jnp.float64)}
+    X = jax.random.normal(jax.random.key(0), (5, 3), jnp.float64)
+    G = lo.GGNOp(fn, params, X, X, Gaussian(1.0))
+    assert _layer_diag.layer_plan(fn, params, X[0]) is None
+    assert_close(lo.diag(G), np.diag(np.asarray(G.as_matrix())), rtol=1e-12)

@@ -1,0 +1,106 @@
+"""Compile once per structure and shape: a second fit and predictive of the same kind, on new weights and data of
+the same shapes, compile nothing (XLA's compile events counted through `jax.monitoring`), and their values are
+those of the new arrays. The per-layer predictives (diagonal, KFAC) equal the Jacobian-row computation."""
+
+import contextlib
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import posteriors as pst
+from linops.likelihoods import Categorical
+from linops.models import from_equinox
+from posteriors.predictive import _row_values
+
+from ..linops._util import assert_close
+from ..linops.test_layer_diag import CASES
+
+
+@contextlib.contextmanager
+def compiles():
+    """The XLA compilations inside the block, as a list filled when it ends."""
+    events = []
+
+    def listen(name, duration, **kwargs):
+        if name == "/jax/core/compile/backend_compile_duration":
+            events.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+
+
+def _mlp_problem(seed):
+    fn, params = from_equinox(eqx.nn.MLP(6, 3, 8, 2, activation=jnp.tanh, key=jax.random.key(0)))
+    params = jax.tree_util.tree_map(lambda a: a * (1.0 + seed), params)  # new weights, same structure
+    X = jax.random.normal(jax.random.key(seed), (40, 6))
+    return fn, params, X, jnp.arange(40) % 3
+
+
+@pytest.mark.parametrize("structure", ["full", "diag", "kfac", "last_layer", "lowrank"])
+def test_a_second_fit_and_predictive_of_the_same_kind_compile_nothing(structure):
+    kw = {"rank": 4, "key": jax.random.key(1)} if structure == "lowrank" else {}
+    fn, params, X, y = _mlp_problem(0)
+    first = pst.laplace(fn, params, (X, y), Categorical(), structure=structure, batch_size=16, **kw)
+    p_first = pst.predictive.classification(first, X[:7])
+    _, params2, X2, y2 = _mlp_problem(1)
+    with compiles() as events:
+        second = pst.laplace(fn, params2, (X2, y2), Categorical(), structure=structure, batch_size=16, **kw)
+        p_second = pst.predictive.classification(second, X2[:7])
+        jax.block_until_ready((second, p_second))
+    assert events == [], f"{len(events)} compilations on the second call"
+    # the cached programs computed with the new arrays: the variances differ, and equal the Jacobian rows' form
+    _, var = pst.predictive.linearized(second, X2[:7])
+    assert not np.allclose(np.asarray(p_first), np.asarray(p_second))
+    if structure not in ("lowrank",):
+        assert_close(var, _row_values(second, X2[:7], 7, 3, False), rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("structure", ["diag", "kfac"])
+def test_per_layer_variances_equal_the_jacobian_rows(name, structure):
+    """Convolutions (strides, groups, an HWIO kernel), tokens, leaves in no layer, float64: the per-layer
+    quadratic forms equal diag(J Σ Jᵀ) from the rows of J."""
+    fn, params, X, Y, lik = CASES[name]
+    post = pst.laplace(fn, params, (X, Y), lik, structure=structure, prior_precision=0.7)
+    T = X[:5] * 1.1
+    _, var = pst.predictive.linearized(post, T)
+    ref = _row_values(post, T, 5, var.shape[1], False)
+    assert np.ptp(np.asarray(ref)) > 0
+    assert_close(var, ref, rtol=1e-10)
+
+
+def _second_call_compiles(call):
+    first = call(0)
+    with compiles() as events:
+        second = jax.block_until_ready(call(1))
+    return first, second, events
+
+
+def test_fit_gp_fsp_laplace_and_subnetwork_laplace_compile_once():
+    from linops.kernels import RBF, Matern52, fit_gp
+    from linops.likelihoods import Gaussian
+    from posteriors.fsp import GPPrior
+
+    X = jnp.linspace(-3, 3, 24)[:, None]
+    first, second, events = _second_call_compiles(
+        lambda i: fit_gp(RBF(lengthscale=3.0 + i), X, jnp.sin(2 * X[:, 0]) * (1 + i), num_steps=20)
+        .log_marginal_likelihood)
+    assert events == [] and not np.allclose(first, second)
+
+    fn, params = from_equinox(eqx.nn.MLP(1, 1, 8, 2, activation=jnp.tanh, key=jax.random.key(0)))
+    scaled = lambda i: jax.tree_util.tree_map(lambda a: a * (1 + 0.5 * i), params)  # noqa: E731
+    first, second, events = _second_call_compiles(
+        lambda i: pst.fsp_laplace(fn, scaled(i), (X, jnp.sin(X)), GPPrior(Matern52(lengthscale=1.0 + i)), X[::2],
+                                  likelihood=Gaussian(0.1), rank=6).d)
+    assert events == [] and not np.allclose(first, second)
+
+    sub = pst.subnetwork.from_indices(params, jnp.arange(0, 20, 2))
+    first, second, events = _second_call_compiles(
+        lambda i: pst.subnetwork_laplace(fn, scaled(i), (X, jnp.sin(X)), Gaussian(0.1), sub).factor)
+    assert events == [] and not np.allclose(first, second)
