@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linops._batching import batched_map
+from linops.nn._kfac_layers import tapped_vjp
 from linops.nn._kfac_layers import trace_layers as _trace
 
 
@@ -39,17 +40,7 @@ def _variances(fn, params, inputs, batch, weight_term, leaf_variance):
     others = [i for i in range(len(leaves)) if i not in used]
 
     def example(x):
-        xs = jax.tree_util.tree_leaves(x)
-        deltas = [jnp.zeros(L.out_aval.shape, L.out_aval.dtype) for L in layers]
-
-        def f(ds, other):
-            full = list(leaves)
-            for i, leaf in zip(others, other, strict=True):
-                full[i] = leaf
-            out = tapped(*full, *xs, *ds)
-            return out[0], out[1:]
-
-        out, vjp, acts = jax.vjp(f, deltas, [leaves[i] for i in others], has_aux=True)
+        out, vjp, acts = tapped_vjp(layers, tapped, leaves, others, x)
         E = jnp.eye(out.shape[0], dtype=out.dtype)
         grads, other_grads = jax.vmap(vjp)(E)  # per layer (O, *output shape); per other leaf (O, *shape)
         total = jnp.zeros(out.shape[0], out.dtype)

@@ -268,3 +268,19 @@ def trace_layers(fn, params, x):
         closed = jax.make_jaxpr(flat_fn)(*leaves, *x_leaves)
     layers, tapped = tapped_layers(closed, len(leaves))
     return layers, tapped, leaves
+
+
+def tapped_vjp(layers, tapped, leaves, others, x):
+    """``(outputs, vjp, activations)`` of one example ``x``: ``vjp(row)`` gives the row's gradients at every
+    layer's output and at the leaves ``others`` (indices of the leaves in no layer)."""
+    xs = jax.tree_util.tree_leaves(x)
+    deltas = [jnp.zeros(L.out_aval.shape, L.out_aval.dtype) for L in layers]
+
+    def f(ds, free):
+        full = list(leaves)
+        for i, leaf in zip(others, free, strict=True):
+            full[i] = leaf
+        out = tapped(*full, *xs, *ds)
+        return out[0], out[1:]
+
+    return jax.vjp(f, deltas, [leaves[i] for i in others], has_aux=True)

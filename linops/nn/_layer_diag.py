@@ -25,7 +25,7 @@ import numpy as np
 from jax import lax
 
 from linops._batching import sharded_sum
-from linops.nn._kfac_layers import trace_layers
+from linops.nn._kfac_layers import tapped_vjp, trace_layers
 
 _BUDGET = 1 << 25  # numbers held at once per batch (128 MB in float32)
 
@@ -53,17 +53,7 @@ def _example_fn(plan, likelihood, num_outputs, per_block):
     num_blocks = -(-num_outputs // per_block)
 
     def example(x, y, lik_n):
-        xs = jax.tree_util.tree_leaves(x)
-        deltas = [jnp.zeros(L.out_aval.shape, L.out_aval.dtype) for L in layers]
-
-        def f(ds, free):
-            full = list(leaves)
-            for i, leaf in zip(others, free, strict=True):
-                full[i] = leaf
-            out = tapped(*full, *xs, *ds)
-            return out[0], out[1:]
-
-        f_n, vjp, raw_acts = jax.vjp(f, deltas, [leaves[i] for i in others], has_aux=True)
+        f_n, vjp, raw_acts = tapped_vjp(layers, tapped, leaves, others, x)
         acts = [L.acts(a).reshape(L.positions, L.groups, L.num_in) for L, a in zip(layers, raw_acts, strict=True)]
         A = (lik_n if lik_n is not None else likelihood).hessian_factor(f_n, y)  # (K, O)
 
