@@ -130,7 +130,7 @@ def _factorize(ggn, alpha, scale, who):
     prediction and evidence would silently be NaN with it. A traced factor (under ``jax.jit``) cannot be
     checked here.
     """
-    factor = (_factorize_compiled if ggn.compile_fit else type(ggn).factorize)(ggn, alpha, scale)
+    factor = _factorize_compiled(ggn, alpha, scale) if ggn.compile_fit else ggn.factorize(alpha, scale)
     leaves = [a for a in jax.tree_util.tree_leaves(factor) if isinstance(a, jax.Array)]
     if leaves and not any(isinstance(a, jax.core.Tracer) for a in leaves):
         if not all(bool(jnp.all(jnp.isfinite(a))) for a in leaves):
