@@ -46,6 +46,27 @@ class _CNN(eqx.Module):
         return self.head(self.norm(h.reshape(-1)))
 
 
+class _PooledCNN(eqx.Module):
+    """Non-overlapping max-pools (rewritten as `first_max_pool`) on maps with a dropped remainder, after a
+    convolution of images with constant regions (windows with tied non-zero maxima; which tied position takes
+    the derivative is checked directly by `test_first_max_pool_is_xla_max_pool_with_its_derivative`)."""
+
+    c1: eqx.nn.Conv2d
+    c2: eqx.nn.Conv2d
+    head: eqx.nn.Linear
+
+    def __init__(self, key):
+        k1, k2, k3 = jax.random.split(key, 3)
+        self.c1 = eqx.nn.Conv2d(1, 3, 3, padding=1, key=k1)
+        self.c2 = eqx.nn.Conv2d(3, 4, 2, key=k2)
+        self.head = eqx.nn.Linear(4 * 1 * 1, 3, key=k3)
+
+    def __call__(self, x):
+        h = eqx.nn.MaxPool2d(2, 2)(jax.nn.relu(self.c1(x) + 1.0))  # (3, 4, 3): row 9 and column 7 dropped
+        h = eqx.nn.MaxPool2d((2, 2), (2, 2))(jnp.tanh(self.c2(h)))  # (4, 1, 1)
+        return self.head(h.reshape(-1))
+
+
 def _hwio_tokens(p, x):
     """An HWIO convolution, a dense layer shared over the 25 pixels as tokens (weight transposed), a pooled
     head, and a matrix used twice (in no layer)."""
@@ -69,6 +90,9 @@ def _cases():
         fn, params = from_equinox(_f64(_CNN(groups, jax.random.key(groups))))
         X = jax.random.normal(key, (7, 2, 8, 6), jnp.float64)
         yield f"cnn-groups{groups}", fn, params, X, jnp.arange(7) % 3, Categorical()
+    fn, params = from_equinox(_f64(_PooledCNN(jax.random.key(3))))
+    X = jax.random.normal(key, (7, 1, 9, 7), jnp.float64).at[:, :, :5, :4].set(0.0)
+    yield "cnn-pool-ties", fn, params, X, jnp.arange(7) % 3, Categorical()
     X = jax.random.normal(key, (6, 5, 5, 2), jnp.float64)
     Y = jax.random.normal(jax.random.key(1), (6, 2), jnp.float64)
     yield "hwio-tokens", _hwio_tokens, _hwio_params(key), X, Y, Gaussian(0.5)
@@ -95,7 +119,7 @@ def test_layer_rules_give_the_dense_ggn_diagonal(name, budget, monkeypatch):
         monkeypatch.setattr(_layer_diag, "_BUDGET", budget)
     G = lo.GGNOp(fn, params, X, Y, lik, batch_size=4)  # a short last batch
     plan = _layer_diag.layer_plan(fn, params, X[0])
-    assert plan is not None and plan[3], "every case has a leaf in no layer (its own reverse pass)"
+    assert plan is not None and (plan[3] or name == "cnn-pool-ties"), "a leaf in no layer (its own reverse pass)"
     dense = _dense_diagonal(name)
     assert dense.min() > 0 and np.ptp(dense) > 0
     assert_close(lo.diag(G), dense, rtol=1e-10)
@@ -119,3 +143,38 @@ def test_a_model_without_a_layer_takes_the_general_path():
     G = lo.GGNOp(fn, params, X, X, Gaussian(1.0))
     assert _layer_diag.layer_plan(fn, params, X[0]) is None
     assert_close(lo.diag(G), np.diag(np.asarray(G.as_matrix())), rtol=1e-12)
+
+
+def test_first_max_pool_is_xla_max_pool_with_its_derivative():
+    """`first_max_pool` (the rewrite of non-overlapping max-pools in the tapped program) against
+    ``reduce_window`` max: values, reverse and forward derivatives, with tied maxima (the derivative goes to
+    the first in row-major order), a -inf, and a remainder that pooling drops."""
+    from linops.nn._kfac_layers import first_max_pool
+
+    x = jax.random.normal(jax.random.key(0), (3, 7, 9), jnp.float64)
+    x = x.at[0, :4, :4].set(2.0).at[1, 1, 1].set(-jnp.inf).at[2, 2:4, 2:4].set(jnp.array([[1.0, 3.0], [3.0, 3.0]]))
+    reference = lambda x: jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 3), (1, 2, 3), "VALID")  # noqa: E731
+    ours = lambda x: first_max_pool(x, (1, 2, 3))  # noqa: E731
+    y, vjp = jax.vjp(reference, x)
+    assert y.shape == (3, 3, 3)
+    assert_close(ours(x), y, rtol=0)
+    g = jax.random.normal(jax.random.key(1), y.shape, jnp.float64)
+    expected = vjp(g)[0]
+    assert_close(jax.vjp(ours, x)[1](g)[0], expected, rtol=0)
+    assert int(jnp.sum(expected[0, :4, :6] != 0)) == 4, "one position per tied window receives the derivative"
+    t = jax.random.normal(jax.random.key(2), x.shape, jnp.float64)
+    assert_close(jax.jvp(ours, (x,), (t,))[1], jax.jvp(reference, (x,), (t,))[1], rtol=0)
+
+
+def test_non_overlapping_max_pools_are_rewritten_and_overlapping_ones_are_not():
+    from linops.nn._kfac_layers import trace_layers
+
+    for model, x, expected in ((_PooledCNN(jax.random.key(0)), jnp.ones((1, 9, 7)), 0),
+                               (_CNN(1, jax.random.key(0)), jnp.ones((2, 8, 6)), 1)):
+        fn, params = from_equinox(model)
+        tapped = trace_layers(fn, params, x)[1]
+        leaves = jax.tree_util.tree_leaves(params)
+        deltas = [jnp.zeros(L.out_aval.shape) for L in trace_layers(fn, params, x)[0]]
+        text = str(jax.make_jaxpr(tapped)(*leaves, x, *deltas))
+        assert text.count("reduce_window_max") == expected
+        assert_close(tapped(*leaves, x, *deltas)[0], fn(params, x), rtol=1e-6)
