@@ -20,6 +20,7 @@ from linops import _tags
 from linops._base import LinearOperator, new_key
 from linops._batching import check_mesh as _check_mesh
 from linops._batching import num_examples, sharded_map, sharded_sum
+from linops.nn._layer_dense import dense_only, layer_dense_ggn
 from linops.nn._layer_diag import layer_diag, layer_plan
 from linops.nn.likelihoods import Likelihood
 from linops.nn.models import ravel
@@ -285,8 +286,11 @@ class GGNOp(_LikelihoodOperator):
         Per batch, the ``B K`` rows of $A_n J_n$ come from vector-Jacobian products (one per row
         of the likelihood's Hessian factor) and are accumulated as one matrix product, so the
         cost is about $NK$ reverse passes plus $NKP^2$ flops, not $P$ GGN products. A batch
-        holds at most ``batch_size`` examples and at most about $2^{25}$ numbers of rows.
-        Refused before any work when the ``P x P`` result would not fit in memory.
+        holds at most ``batch_size`` examples and at most about $2^{25}$ numbers of rows. When
+        every parameter is the weight or bias of a dense layer on a vector (an MLP, a last layer)
+        and $K > 1$, the same matrix comes from exact Kronecker blocks per pair of leaves
+        (`linops.nn._layer_dense`): $NP^2$ flops. Refused before any work when the ``P x P``
+        result would not fit in memory.
         """
         from linops.memory import check_fits
 
@@ -294,18 +298,21 @@ class GGNOp(_LikelihoodOperator):
         itemsize = np.dtype(self.dtype).itemsize
         check_fits(P * P * itemsize, f"GGNOp({P} x {P}).as_matrix()",
                    "use lo.diag(G), a low-rank factor (lo.LanczosLowRankOp) or G @ V products instead")
+        plan = layer_plan(self.fn, self.params, jax.tree_util.tree_map(lambda a: a[0], self.inputs))
+        if plan is not None and dense_only(plan) and K > 1:  # Kronecker blocks: K times fewer flops than the rows
+            return layer_dense_ggn(plan, self.likelihood, self.inputs, self.targets, self.batch_size, self.mesh,
+                                   self.axis)
         chunk = max(1, min(self.batch_size, (1 << 25) // max(K * P, 1)))
+        lik, axis = self._lik_axis()
+
+        def example(x, y, lik_n):  # (K, P): the rows of A_n J_n, from the one forward pass of the VJP
+            out, vjp = jax.vjp(lambda p: self.fn(p, x), self.params)
+            A = (lik if lik_n is None else lik_n).hessian_factor(out, y)
+            return jax.vmap(lambda a: _flat(vjp(a)[0]))(A)
 
         def batch(data):
             xb, yb, lb = data
-            out = self._batch_fn(xb)(self.params)
-            factors = self._per_example("hessian_factor", out, yb, lb)  # (B, K, O)
-
-            def example(x, A):
-                _, vjp = jax.vjp(lambda p: self.fn(p, x), self.params)
-                return jax.vmap(lambda a: _flat(vjp(a)[0]))(A)  # (K, P): the rows of A_n J_n
-
-            rows = jax.vmap(example)(xb, factors).reshape(-1, P)
+            rows = jax.vmap(example, in_axes=(0, 0, axis))(xb, yb, lb if axis == 0 else None).reshape(-1, P)
             return rows.T @ rows
 
         return self._sum(batch, self._data(), chunk)
