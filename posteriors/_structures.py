@@ -227,13 +227,13 @@ class KFACGGN(StructuredGGN):
     @classmethod
     def fit(cls, r):
         K = lo.kfac(r.fn, r.params, *r.data, r.likelihood, approximation=r.kfac_approximation,
-                    batch_size=r.batch_size, mesh=r.mesh)
+                    batch_size=r.batch_size, mesh=r.mesh, other_diagonal=r.kfac_fallback == "diag")
         names = [path_string(p) for p, _ in jax.tree_util.tree_flatten_with_path(r.params)[0]]
         if K.other_leaves and r.kfac_fallback in (None, "error"):
             raise ValueError(f"{r.who}(structure='kfac'): parameters outside any dense or convolutional layer have no "
                              f"Kronecker factors: {[names[i] for i in K.other_leaves]}; kfac_fallback='diag' (the "
                              "default) gives them the exact GGN diagonal")
-        diag = lo.diag(r.G) if K.other_leaves else None
+        other_diagonals = dict(zip(K.other_leaves, K.other_diagonals, strict=True))
         # per leaf, the eigendecompositions of its Kronecker factors (round-off leaves tiny negative eigenvalues of
         # a PSD factor: clipped); Q is their Kronecker product, w the Kronecker product of their eigenvalues
         factors = [None] * len(K.leaf_sizes)
@@ -242,11 +242,10 @@ class KFACGGN(StructuredGGN):
             if b is not None:
                 factors[b] = (B,)
         eigenvectors, eigenvalues = [], []
-        starts = np.concatenate([[0], np.cumsum(K.leaf_sizes)])
         for i, fs in enumerate(factors):
             if fs is None:  # in no recognised layer: the exact GGN diagonal, eigenvectors the identity
                 eigenvectors.append(())
-                eigenvalues.append(jnp.clip(diag[starts[i]:starts[i + 1]], 0.0))
+                eigenvalues.append(jnp.clip(other_diagonals[i].reshape(-1), 0.0))
                 continue
             if fs[0].ndim == 3:  # a grouped convolution: one pair of factors per group
                 Es = [[lo.eigendecompose(lo.Dense(F[g], tags={"psd"})) for g in range(F.shape[0])] for F in fs]

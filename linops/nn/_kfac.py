@@ -36,6 +36,7 @@ import numpy as np
 
 from linops._batching import check_mesh, num_examples, sharded_sum
 from linops.memory import check_fits
+from linops.nn._kfac_layers import tapped_vjp
 from linops.nn._kfac_layers import trace_layers as _trace
 from linops.nn._operators import _check_batch_size, _check_likelihood, _check_model
 from linops.nn.likelihoods import Likelihood
@@ -53,6 +54,8 @@ class KFAC(eqx.Module):
         bias_blocks: per layer, the exact bias block (None without a bias).
         weight_leaves, bias_leaves: the layers' leaf indices in ``jax.tree_util.tree_leaves(params)``.
         other_leaves: leaf indices in no recognised layer (KFAC has no block for them).
+        other_diagonals: with ``other_diagonal=True``, per leaf of ``other_leaves`` its exact GGN diagonal
+            (shaped as the leaf), from the same pass over the data; else ``()``.
         leaf_sizes: the number of parameters of every leaf, in order.
         kinds: per layer, ``"dense"`` or ``"conv"``.
         positions: per layer, the number $R$ of positions its weight is shared over.
@@ -70,6 +73,7 @@ class KFAC(eqx.Module):
     kinds: tuple = eqx.field(static=True, default=())
     positions: tuple = eqx.field(static=True, default=())
     approximation: str = eqx.field(static=True, default="expand")
+    other_diagonals: tuple = ()
 
 
 class FoundLayer(NamedTuple):
@@ -101,9 +105,10 @@ def find_layers(fn: Callable, params, x) -> tuple[FoundLayer, ...]:
     return tuple(FoundLayer(L.kind, L.weight, L.bias, L.positions) for L in layers)
 
 
-def _default_batch_size(layers, rows, n):
-    """Examples per batch so that a batch's activations and output gradients stay near $2^{24}$ numbers."""
-    per_example = sum(L.positions * L.groups * (L.num_in + rows * L.num_out) for L in layers)
+def _default_batch_size(layers, rows, n, other_numbers=0):
+    """Examples per batch so that a batch's activations and output gradients (and the gradients of
+    ``other_numbers`` parameters in no layer) stay near $2^{24}$ numbers."""
+    per_example = sum(L.positions * L.groups * (L.num_in + rows * L.num_out) for L in layers) + rows * other_numbers
     return int(max(1, min(n, (1 << 24) // max(per_example, 1))))
 
 
@@ -120,7 +125,7 @@ def _check_factors_fit(layers, params, who):
 
 
 def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, approximation: str = "expand",
-         batch_size: int | None = None, mesh=None, axis: str = "data") -> KFAC:
+         batch_size: int | None = None, mesh=None, axis: str = "data", other_diagonal: bool = False) -> KFAC:
     r"""KFAC factors of the GGN of ``fn`` at ``params`` over the data: one pass over the batches.
 
     Args:
@@ -137,6 +142,8 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, appro
         mesh: a `jax.sharding.Mesh` to split the examples over: each device sums the factors of its
             share and the partial sums are ``psum``-reduced (as for `GGNOp`); None: one device.
         axis: the mesh axis the examples are split along (default ``"data"``).
+        other_diagonal: also the exact GGN diagonal of the leaves in no recognised layer (norm scales,
+            embeddings), from the same reverse passes (``KFAC.other_diagonals``).
 
     Example:
         >>> import jax, jax.numpy as jnp, linops as lo
@@ -167,27 +174,24 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, appro
         raise ValueError(f"{who}: found no dense layer (a product of a 2-D parameter with an activation) and no "
                          "convolution with a parameter kernel in fn's program; KFAC needs at least one")
     _check_factors_fit(layers, params, who)
+    used = {L.weight for L in layers} | {L.bias for L in layers if L.bias is not None}
+    others = tuple(i for i in range(len(leaves)) if i not in used)
+    tapped_others = others if other_diagonal else ()
     if batch_size is None:  # the likelihood's Hessian factor has at most O rows
-        batch_size = _default_batch_size(layers, num_outputs, n)
+        batch_size = _default_batch_size(layers, num_outputs, n, sum(int(np.size(leaves[i])) for i in tapped_others))
     lik = likelihood if likelihood.per_example else None
 
     def example(x, y, lik_n):
-        xs = jax.tree_util.tree_leaves(x)
-        deltas = [jnp.zeros(L.out_aval.shape, L.out_aval.dtype) for L in layers]
-
-        def f(ds):
-            out = tapped(*leaves, *xs, *ds)
-            return out[0], out[1:]
-
-        f_n, vjp, acts = jax.vjp(f, deltas, has_aux=True)
+        f_n, vjp, acts = tapped_vjp(layers, tapped, leaves, tapped_others, x)
         A_n = (lik_n if lik_n is not None else likelihood).hessian_factor(f_n, y)  # (K, O)
-        grads = jax.vmap(lambda r: vjp(r)[0])(A_n)  # per layer (K, *output shape)
+        grads, other_grads = jax.vmap(vjp)(A_n)  # per layer (K, *output shape); per other leaf (K, *shape)
         return ([L.acts(a) for L, a in zip(layers, acts, strict=True)],
-                [jax.vmap(L.grads)(g) for L, g in zip(layers, grads, strict=True)])
+                [jax.vmap(L.grads)(g) for L, g in zip(layers, grads, strict=True)],
+                [jnp.sum(g**2, axis=0) for g in other_grads])
 
     def batch(data):
         xb, yb, lb = data
-        acts, grads = jax.vmap(example, in_axes=(0, 0, 0 if lb is not None else None))(xb, yb, lb)
+        acts, grads, other_squares = jax.vmap(example, in_axes=(0, 0, 0 if lb is not None else None))(xb, yb, lb)
         As, Bs, biases = [], [], []
         for L, a, g in zip(layers, acts, grads, strict=True):  # a: (b, R, G in), g: (b, K, R, G out)
             g_hat = g.sum(2)  # (b, K, G out): summed over the positions
@@ -200,9 +204,9 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, appro
                 g = g_hat.reshape(-1, L.groups, L.num_out)
             As.append(jnp.einsum("rgi,rgj->gij", a, a))
             Bs.append(jnp.einsum("rgi,rgj->gij", g, g))
-        return As, Bs, biases
+        return As, Bs, biases, [jnp.sum(d, axis=0) for d in other_squares]
 
-    As, Bs, biases = sharded_sum(batch, (inputs, targets, lik), batch_size, mesh, axis)
+    As, Bs, biases, other_diagonals = sharded_sum(batch, (inputs, targets, lik), batch_size, mesh, axis)
     factors = []
     for L, A, B in zip(layers, As, Bs, strict=True):
         A = A / (n * L.positions if approximation == "expand" else n)
@@ -211,10 +215,9 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, appro
         if L.groups == 1:
             A, B = A[0], B[0]
         factors.append((B, A) if L.out_first else (A, B))
-    used = {L.weight for L in layers} | {L.bias for L in layers if L.bias is not None}
     return KFAC(tuple(factors), tuple(biases), tuple(L.weight for L in layers), tuple(L.bias for L in layers),
-                tuple(i for i in range(len(leaves)) if i not in used), tuple(int(np.size(leaf)) for leaf in leaves),
-                n, tuple(L.kind for L in layers), tuple(L.positions for L in layers), approximation)
+                others, tuple(int(np.size(leaf)) for leaf in leaves), n, tuple(L.kind for L in layers),
+                tuple(L.positions for L in layers), approximation, tuple(other_diagonals))
 
 
 __all__ = ["KFAC", "FoundLayer", "find_layers", "kfac"]

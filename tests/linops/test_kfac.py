@@ -249,3 +249,24 @@ def test_factors_of_a_multi_output_linear_gaussian_layer_in_closed_form_in_eithe
         G = np.asarray(lo.GGNOp(fn, p, X, Y, Gaussian(sigma)).as_matrix())
         assert_close(np.kron(first, second), G[:12, :12], rtol=1e-10)  # B constant over examples: exact
         assert_close(K.bias_blocks[0], G[12:, 12:], rtol=1e-10)
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_other_diagonal_is_the_exact_ggn_diagonal_of_the_leaves_in_no_layer(batch_size):
+    """``other_diagonal=True``: the norm's scale and shift get the dense GGN's diagonal entries, from the KFAC
+    pass itself (a categorical likelihood: K rows per example; a short last batch with ``batch_size=2``)."""
+    fn, params = from_equinox(_NormThenTokens(eqx.nn.LayerNorm((5, 3), dtype=jnp.float64),
+                                              eqx.nn.Linear(3, 2, key=jax.random.key(9), dtype=jnp.float64)))
+    X = jax.random.normal(jax.random.key(10), (3, 5, 3), jnp.float64)
+    params = eqx.tree_at(lambda m: (m.norm.weight, m.norm.bias), params,
+                         (1.0 + 0.3 * X[0], 0.2 * X[1]))  # not the initial ones and zeros
+    y = jnp.array([1, 4, 9])
+    K = lo.kfac(fn, params, X, y, Categorical(), other_diagonal=True, batch_size=batch_size)
+    dense = np.diag(np.asarray(lo.GGNOp(fn, params, X, y, Categorical()).as_matrix()))
+    starts = np.concatenate([[0], np.cumsum(K.leaf_sizes)])
+    assert len(K.other_diagonals) == len(K.other_leaves) == 2
+    for i, d in zip(K.other_leaves, K.other_diagonals, strict=True):
+        expected = dense[starts[i]:starts[i + 1]]
+        assert d.shape == jax.tree_util.tree_leaves(params)[i].shape and np.ptp(expected) > 0
+        assert_close(d.reshape(-1), expected, rtol=1e-10)
+    assert lo.kfac(fn, params, X, y, Categorical()).other_diagonals == ()
