@@ -169,11 +169,12 @@ class Categorical(Likelihood):
                 f"{who}: a Categorical likelihood needs integer class labels of shape ({num_examples},), "
                 f"got {t.dtype}{tuple(t.shape)}"
             )
-        if not isinstance(t, jax.core.Tracer) and t.size and (int(t.min()) < 0 or int(t.max()) >= num_outputs):
-            raise ValueError(
-                f"{who}: labels must lie in [0, {num_outputs}) for {num_outputs} outputs, "
-                f"got range [{int(t.min())}, {int(t.max())}]"
-            )
+        if not isinstance(t, jax.core.Tracer) and t.size:
+            labels = np.asarray(t)  # on the host: concrete labels closed over under jit stay concrete
+            lo_, hi = int(labels.min()), int(labels.max())
+            if lo_ < 0 or hi >= num_outputs:
+                raise ValueError(f"{who}: labels must lie in [0, {num_outputs}) for {num_outputs} outputs, "
+                                 f"got range [{lo_}, {hi}]")
 
 
 class Bernoulli(Likelihood):

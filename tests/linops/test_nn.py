@@ -215,6 +215,13 @@ def test_bad_input_names_what_is_wrong():
         lo.LossJacobianOp(fn, params, X, jnp.zeros(N), Categorical())
     with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\)"):
         lo.GGNOp(fn, params, X, jnp.full(N, 3), Categorical())
+    bad = jnp.full(N, 3)
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\)"):  # built under jit, labels closed over
+        jax.jit(lambda v: lo.GGNOp(fn, params, X, bad, Categorical()) @ v)(ravel(params)[0])
+    good = jnp.arange(N) % O
+    v = jnp.linspace(-1.0, 1.0, ravel(params)[0].shape[0])
+    assert_close(jax.jit(lambda v: lo.GGNOp(fn, params, X, good, Categorical()) @ v)(v),
+                 lo.GGNOp(fn, params, X, good, Categorical()) @ v)
     with pytest.raises(ValueError, match="JacobianOp: fn\\(params, x\\) fails on the first example"):
         lo.JacobianOp(fn, {**params, "W0": jnp.zeros((WIDTH, D_IN + 1))}, X)  # params of another architecture
     with pytest.raises(ValueError, match=r"must return one example's outputs of shape \(O,\), got \(\)"):
