@@ -170,8 +170,8 @@ class Categorical(Likelihood):
                 f"got {t.dtype}{tuple(t.shape)}"
             )
         if not isinstance(t, jax.core.Tracer) and t.size:
-            labels = np.asarray(t)  # on the host: concrete labels closed over under jit stay concrete
-            lo_, hi = int(labels.min()), int(labels.max())
+            with jax.ensure_compile_time_eval():  # concrete labels closed over under jit stay concrete; a global
+                lo_, hi = int(t.min()), int(t.max())  # array over several processes is reduced, not fetched
             if lo_ < 0 or hi >= num_outputs:
                 raise ValueError(f"{who}: labels must lie in [0, {num_outputs}) for {num_outputs} outputs, "
                                  f"got range [{lo_}, {hi}]")
