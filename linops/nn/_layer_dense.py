@@ -50,18 +50,31 @@ def _axes(L, is_bias, out_axis, in_axis):
     return [out_axis, in_axis] if L.out_first else [in_axis, out_axis]
 
 
-def layer_dense_ggn(plan, likelihood, inputs, targets, batch_size, mesh, axis):
-    """The exact dense GGN (``P x P``, the leaf order of ``ravel``) of a `dense_only` plan."""
-    layers, tapped, leaves, _ = plan
+def _pairs(plan):
+    """``(pieces, n_in, n_out, pairs)``: each pair ``(s, t)`` of leaves with the narrower input first."""
+    layers, _, leaves, _ = plan
     pieces = _pieces(layers, len(leaves))
-    sizes = [int(np.size(leaf)) for leaf in leaves]
     n_in = [1 if bias else layers[k].num_in for k, bias in pieces]
     n_out = [layers[k].num_out for k, _ in pieces]
-    # each pair (s, t) with the narrower input first: per batch the terms D = vec(B) (x) a_s, (b, out_s out_t in_s),
-    # times a_t over the examples: one matrix product whose contraction is the batch
     pairs = [(i, j) if n_in[i] <= n_in[j] else (j, i) for i in range(len(leaves)) for j in range(i, len(leaves))]
+    return pieces, n_in, n_out, pairs
+
+
+def dense_chunk(plan, batch_size) -> int:
+    """Examples per batch of `layer_dense_ggn`: a pair's terms ``(b, out_s out_t in_s)`` stay near the budget."""
+    _, n_in, n_out, pairs = _pairs(plan)
     widest = max(n_out[s] * n_out[t] * (n_in[s] + 1) + n_in[t] for s, t in pairs)
-    chunk = max(1, min(batch_size, _BUDGET // widest))
+    return max(1, min(batch_size, _BUDGET // widest))
+
+
+def layer_dense_ggn(plan, likelihood, inputs, targets, chunk, mesh, axis):
+    """The exact dense GGN (``P x P``, the leaf order of ``ravel``) of a `dense_only` plan, ``chunk`` examples
+    per batch."""
+    layers, tapped, leaves, _ = plan
+    pieces, n_in, n_out, pairs = _pairs(plan)
+    sizes = [int(np.size(leaf)) for leaf in leaves]
+    # per pair and batch the terms D = vec(B) (x) a_s, (b, out_s out_t in_s), times a_t over the examples: one
+    # matrix product whose contraction is the batch
 
     def example(x, y, lik_n):
         f_n, vjp, acts = tapped_vjp(layers, tapped, leaves, (), x)

@@ -20,7 +20,7 @@ from linops import _tags
 from linops._base import LinearOperator, new_key
 from linops._batching import check_mesh as _check_mesh
 from linops._batching import num_examples, sharded_map, sharded_sum
-from linops.nn._layer_dense import dense_only, layer_dense_ggn
+from linops.nn._layer_dense import dense_chunk, dense_only, layer_dense_ggn
 from linops.nn._layer_diag import layer_diag, layer_plan
 from linops.nn.likelihoods import Likelihood
 from linops.nn.models import ravel
@@ -287,10 +287,10 @@ class GGNOp(_LikelihoodOperator):
         of the likelihood's Hessian factor) and are accumulated as one matrix product, so the
         cost is about $NK$ reverse passes plus $NKP^2$ flops, not $P$ GGN products. A batch
         holds at most ``batch_size`` examples and at most about $2^{25}$ numbers of rows. When
-        every parameter is the weight or bias of a dense layer on a vector (an MLP, a last layer)
-        and $K > 1$, the same matrix comes from exact Kronecker blocks per pair of leaves
-        (`linops.nn._layer_dense`): $NP^2$ flops. Refused before any work when the ``P x P``
-        result would not fit in memory.
+        every parameter is the weight or bias of a dense layer on a vector (an MLP, a last layer),
+        $K > 1$ and no layer is wider than its batches allow, the same matrix comes from exact
+        Kronecker blocks per pair of leaves (`linops.nn._layer_dense`): $NP^2$ flops. Refused
+        before any work when the ``P x P`` result would not fit in memory.
         """
         from linops.memory import check_fits
 
@@ -298,11 +298,13 @@ class GGNOp(_LikelihoodOperator):
         itemsize = np.dtype(self.dtype).itemsize
         check_fits(P * P * itemsize, f"GGNOp({P} x {P}).as_matrix()",
                    "use lo.diag(G), a low-rank factor (lo.LanczosLowRankOp) or G @ V products instead")
-        plan = layer_plan(self.fn, self.params, jax.tree_util.tree_map(lambda a: a[0], self.inputs))
-        if plan is not None and dense_only(plan) and K > 1:  # Kronecker blocks: K times fewer flops than the rows
-            return layer_dense_ggn(plan, self.likelihood, self.inputs, self.targets, self.batch_size, self.mesh,
-                                   self.axis)
         chunk = max(1, min(self.batch_size, (1 << 25) // max(K * P, 1)))
+        plan = layer_plan(self.fn, self.params, jax.tree_util.tree_map(lambda a: a[0], self.inputs))
+        if plan is not None and dense_only(plan) and K > 1 and dense_chunk(plan, self.batch_size) >= chunk:
+            # Kronecker blocks: K times fewer flops than the rows, and no more batches each adding a P x P sum
+            # (wide layers, out > K, would need smaller batches: then the rows)
+            return layer_dense_ggn(plan, self.likelihood, self.inputs, self.targets,
+                                   dense_chunk(plan, self.batch_size), self.mesh, self.axis)
         lik, axis = self._lik_axis()
 
         def example(x, y, lik_n):  # (K, P): the rows of A_n J_n, from the one forward pass of the VJP

@@ -67,7 +67,10 @@ def test_kronecker_blocks_give_the_dense_ggn(name, monkeypatch):
     G = lo.GGNOp(fn, params, X, Y, lik, batch_size=4)
     assert_close(G.as_matrix(), expected, rtol=1e-10)
     assert_close(jax.jit(lambda G: G.as_matrix())(G), expected, rtol=1e-10)
-    monkeypatch.setattr(_layer_dense, "_BUDGET", 1)  # one example per batch
+    assert _layer_dense.dense_chunk(plan, 4) == 4  # the blocks path: as many examples per batch as the rows
+    assert_close(_layer_dense.layer_dense_ggn(plan, lik, X, Y, 1, None, "data"), expected, rtol=1e-10)  # 1 per batch
+    monkeypatch.setattr(_layer_dense, "_BUDGET", 1)  # blocks would need smaller batches than the rows: the rows
+    assert _layer_dense.dense_chunk(plan, 4) == 1
     assert_close(G.as_matrix(), expected, rtol=1e-10)
     monkeypatch.setattr(_operators, "dense_only", lambda plan: False)  # the rows path
     assert_close(G.as_matrix(), expected, rtol=1e-10)
