@@ -300,11 +300,12 @@ class GGNOp(_LikelihoodOperator):
                    "use lo.diag(G), a low-rank factor (lo.LanczosLowRankOp) or G @ V products instead")
         chunk = max(1, min(self.batch_size, (1 << 25) // max(K * P, 1)))
         plan = layer_plan(self.fn, self.params, jax.tree_util.tree_map(lambda a: a[0], self.inputs))
-        if plan is not None and dense_only(plan) and K > 1 and dense_chunk(plan, self.batch_size) >= chunk:
+        block_chunk = dense_chunk(plan, self.batch_size) if plan is not None and dense_only(plan) else 0
+        if K > 1 and block_chunk >= chunk:
             # Kronecker blocks: K times fewer flops than the rows, and no more batches each adding a P x P sum
             # (wide layers, out > K, would need smaller batches: then the rows)
-            return layer_dense_ggn(plan, self.likelihood, self.inputs, self.targets,
-                                   dense_chunk(plan, self.batch_size), self.mesh, self.axis)
+            return layer_dense_ggn(plan, self.likelihood, self.inputs, self.targets, block_chunk, self.mesh,
+                                   self.axis)
         lik, axis = self._lik_axis()
 
         def example(x, y, lik_n):  # (K, P): the rows of A_n J_n, from the one forward pass of the VJP
