@@ -1,6 +1,6 @@
 """linops: lazy, matrix-free, structure-aware linear operators in JAX.
 
-Example:
+Examples:
     >>> import jax.numpy as jnp, linops as lo
     >>> J = lo.Dense(jnp.array([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]]))
     >>> G = J.T @ lo.Diagonal(jnp.array([2.0, 3.0])) @ J      # lazy, tagged PSD

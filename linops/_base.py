@@ -26,7 +26,7 @@ def new_key() -> int:
     recognise that two leaves are the same operator after tracing (Python `is` cannot).
     Give your own operator a static ``uid`` field set from it.
 
-    Example:
+    Examples:
         >>> import linops as lo
         >>> lo.new_key() != lo.new_key()
         True
@@ -50,7 +50,7 @@ class LinearOperator(eqx.Module):
     Override `rmv` (transposed product), `mm` (several vectors), `tags` and the
     structure-aware hooks (`_diag`, `_solve`, ...) where a closed form exists.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> A = lo.Dense(jnp.array([[2.0, 1.0], [0.0, 3.0]]))
         >>> (A.T @ A + 2.0 * lo.Identity(2)) @ jnp.ones(2)
@@ -207,7 +207,7 @@ class LinearOperator(eqx.Module):
         with the columns of an ``m x m`` identity, so nothing larger than the result is allocated.
         Raises `linops.memory.MemoryBudgetError` first when the matrix would not fit.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp, linops as lo
             >>> lo.Dense(jnp.arange(6.0).reshape(2, 3)).as_matrix()
             Array([[0., 1., 2.],

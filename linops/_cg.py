@@ -42,7 +42,7 @@ def cg(matvec, b, *, x0=None, rtol, atol=0.0, maxiter, precondition=None, callba
     ``axis``: run inside `jax.shard_map` with the columns split over the devices of this mesh
     axis; every device steps (and calls ``matvec``) until all columns on all devices have stopped.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> x, converged, steps, _ = cg(lambda v: 2.0 * v, jnp.ones(3), rtol=1e-6, maxiter=5)
         >>> x.round(5), converged, steps

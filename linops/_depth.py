@@ -24,7 +24,7 @@ class ExpressionTooDeepError(RecursionError):
     Raised when the composite is built, before anything recurses; a `RecursionError`, so code that
     catches those catches this too.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> A = lo.Dense(jnp.eye(2))
         >>> s = A
@@ -41,7 +41,7 @@ def max_nesting() -> int:
     """The deepest nesting of operators the composites accept: 125 levels under Python's default
     recursion limit of 1000 (`sys.setrecursionlimit` raises it).
 
-    Example:
+    Examples:
         >>> import sys, linops as lo
         >>> lo.max_nesting() == sys.getrecursionlimit() // 8
         True
@@ -54,7 +54,7 @@ def nesting_depth(op) -> int:
 
     Composites record theirs when built; anything else is walked with a loop, not recursion.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> A = lo.Dense(jnp.eye(2))
         >>> lo.nesting_depth(A), lo.nesting_depth(A + A + A), lo.nesting_depth(2.0 * (A + A) @ A)

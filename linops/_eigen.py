@@ -30,7 +30,7 @@ class EigenDecomposed(LinearOperator):
         w: the eigenvalues, ``(n,)``, in the order of ``Q``'s columns.
         nonnegative: declare ``w >= 0`` (PSD); by default read from concrete values.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> E = lo.eigendecompose(lo.Dense(jnp.array([[2.0, 1.0], [1.0, 2.0]]), tags={"symmetric"}))
         >>> E.w                                  # eigenvalues 1 and 3

@@ -36,7 +36,7 @@ class Triangular(LinearOperator):
             whose other triangle is zero already (a factor from `jax.numpy.linalg.cholesky`), to
             keep one ``n x n`` array instead of two.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> L = lo.Triangular(jnp.array([[2.0, 0.0], [1.0, 1.0]]))
         >>> lo.solve(L, jnp.array([2.0, 2.0])).value, lo.logdet(L)
@@ -126,7 +126,7 @@ class Cholesky(LinearOperator):
     Args:
         factor: the triangular ``(n, n)`` factor (a `Triangular`, or an array taken as lower triangular).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> A = lo.Cholesky.of(lo.Dense(jnp.array([[4.0, 2.0], [2.0, 2.0]]), tags={"psd"}))
         >>> A.factor.matrix
@@ -193,7 +193,7 @@ class Cholesky(LinearOperator):
 class LU(LinearOperator):
     """A square matrix held as its pivoted LU factorisation (`jax.scipy.linalg.lu_factor`).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> A = lo.LU.of(lo.Dense(jnp.array([[0.0, 2.0], [1.0, 0.0]])))
         >>> lo.solve(A, jnp.array([2.0, 3.0])).value, lo.logdet(A)   # log |det A| = log 2

@@ -115,7 +115,7 @@ def lanczos(A: LinearOperator, num_steps: int, *, key: jax.Array | None = None, 
     padded zeros of $T$ are repeated eigenvalues) nor restarted (the new direction is not a
     differentiable function of the inputs): after a restart the gradients are NaN.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp, linops as lo
         >>> A = lo.Diagonal(jnp.array([5.0, 3.0, 1.0, 0.5]))
         >>> res = lo.lanczos(A, 4, key=jax.random.key(0))
@@ -311,7 +311,7 @@ class LanczosLowRankOp(LowRank):
         key: PRNG key of the start vector.
         num_steps: Lanczos steps (default ``min(n, 2 rank + 10)``).
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp, linops as lo
         >>> A = lo.Diagonal(jnp.array([4.0, 2.0, 1e-3, 1e-3, 1e-3]))
         >>> L = lo.LanczosLowRankOp(A, 2, jax.random.key(0), num_steps=5)

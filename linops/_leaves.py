@@ -37,7 +37,7 @@ class Dense(LinearOperator):
         tags: structure you promise holds, e.g. ``{"psd"}`` (implied tags are added;
             `linops.testing.assert_tags_hold` checks promises on probes).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> A = lo.Dense(jnp.array([[2.0, 0.0], [0.0, 4.0]]), tags={"psd"})
         >>> lo.logdet(A)
@@ -155,7 +155,7 @@ class Diagonal(LinearOperator):
         nonnegative: declare ``d >= 0`` (so the operator is tagged PSD). By default the
             sign is read from concrete values; a traced ``d`` has no sign to read.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> D = lo.Diagonal(jnp.array([1.0, 4.0]))
         >>> lo.sqrt(D) @ jnp.ones(2)
@@ -229,7 +229,7 @@ class Diagonal(LinearOperator):
 class Identity(LinearOperator):
     """The ``n x n`` identity.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> lo.Identity(3) @ jnp.arange(3.0)
         Array([0., 1., 2.], dtype=float32)
@@ -280,7 +280,7 @@ class Identity(LinearOperator):
 class Zero(LinearOperator):
     """The ``(m, n)`` zero operator.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> lo.Zero(2, 3) @ jnp.ones(3)
         Array([0., 0.], dtype=float32)
@@ -348,7 +348,7 @@ class FunctionOp(LinearOperator):
         tags: structure you promise holds.
         rmv: the transposed product; by default a VJP of ``mv``.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> A = lo.FunctionOp(lambda v: 2.0 * v, (3, 3), jnp.float32, tags={"psd"})
         >>> lo.solve(A, jnp.ones(3), method="cg").value.round(4)

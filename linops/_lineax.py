@@ -20,7 +20,7 @@ _TO_LINEAX = {
 def to_lineax(op: LinearOperator) -> lx.AbstractLinearOperator:
     """A lineax operator with the same products and the tags lineax knows.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, lineax as lx, linops as lo
         >>> A = lo.Diagonal(jnp.array([2.0, 4.0])) + lo.Identity(2)
         >>> lx.linear_solve(lo.to_lineax(A), jnp.ones(2), lx.CG(rtol=1e-6, atol=1e-6)).value
@@ -43,7 +43,7 @@ def _lineax_tags(op):
 def from_lineax(op: lx.AbstractLinearOperator) -> LinearOperator:
     """A linops operator from a lineax one with 1-D input and output structures.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, lineax as lx, linops as lo
         >>> A = lo.from_lineax(lx.MatrixLinearOperator(jnp.eye(2), lx.positive_semidefinite_tag))
         >>> sorted(A.tags)
@@ -80,7 +80,7 @@ class LineaxOp(LinearOperator):
     Its arrays stay pytree leaves; everything else (a closure-converted function, say) is
     kept as static data, so the operator also passes through a plain `jax.jit`.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, lineax as lx, linops as lo
         >>> f = lx.FunctionLinearOperator(lambda v: 2.0 * v, jnp.zeros(2), lx.symmetric_tag)
         >>> A = lo.from_lineax(f)

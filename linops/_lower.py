@@ -130,7 +130,7 @@ def lower(expr: LinearOperator) -> Lowered:
     stable key, which is part of the structure, so rebuilding an operator every step
     compiles again: build operators once, or inside the jitted function that uses them.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> A = lo.Dense(jnp.array([[1.0, 2.0], [3.0, 4.0]]))
         >>> L = lo.lower(lo.Identity(2) @ A.T.T)
@@ -157,7 +157,7 @@ def _count(jaxpr, name: str) -> int:
 def count_matmuls(op: LinearOperator) -> int:
     """The number of ``dot_general`` operations in the program of ``op @ v``.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> A = lo.Dense(jnp.eye(3))
         >>> lo.count_matmuls(A @ A), lo.count_matmuls(lo.simplify(lo.Identity(3) @ A))
@@ -188,7 +188,7 @@ def _tree(op: LinearOperator, prefix: str = "", last: bool = True, root: bool = 
 def explain(expr: LinearOperator) -> Explanation:
     """The simplified tree with tags, and the matrix products before and after simplifying.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> J = lo.Dense(jnp.ones((2, 3)))
         >>> lo.explain(J.T @ lo.Diagonal(jnp.ones(2)) @ J)

@@ -42,7 +42,7 @@ class ProjectorOp(LinearOperator):
     ``M`` may be an array or any operator (for a matrix-free ``M`` the Gram costs ``m``
     transposed products and ``m`` products; memory ``O(n m)``).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> P = lo.ProjectorOp.onto_null_space(jnp.array([[1.0, 1.0]]))
         >>> (P @ jnp.array([1.0, 0.0])).round(4), lo.trace(P)
@@ -133,7 +133,7 @@ class ProjectorOp(LinearOperator):
 class Complement(LinearOperator):
     """``I - P`` for an operator ``P`` tagged ``projector`` (itself a projector).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> P = lo.Dense(jnp.array([[1.0, 0.0], [0.0, 0.0]]), tags={"projector"})
         >>> lo.Complement(P) @ jnp.ones(2)

@@ -27,7 +27,7 @@ RULES: list[Rule] = []
 class Rule:
     """Base class of rewrite rules; subclasses are registered on definition.
 
-    Example:
+    Examples:
         >>> import linops as lo
         >>> class DropDoubleNegation(lo.Rule, register=False):
         ...     def apply(self, op):
@@ -53,7 +53,7 @@ def simplify(op: LinearOperator, rules: list[Rule] | None = None) -> LinearOpera
     products. Leaves are matched by their stable keys, so rules also fire on expressions
     that went through `jax.jit`.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> P = lo.ProjectorOp.onto_null_space(jnp.ones((1, 3)))
         >>> lo.simplify(P.T @ P @ P)

@@ -18,7 +18,7 @@ def sharded_mm(A: LinearOperator, V, mesh, axis: str = "data"):
     (alternating projections by CG) runs its iteration per device, stopping when that device's columns
     have converged.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp, numpy as np, linops as lo
         >>> from jax.sharding import Mesh
         >>> mesh = Mesh(np.array(jax.devices()), ("data",))          # however many devices there are

@@ -27,7 +27,7 @@ class LowRank(LinearOperator):
             `pinv` and `eigh`-free shifts.
         nonnegative: declare ``d >= 0`` (read from concrete values by default).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> U = jnp.array([[1.0], [0.0]])
         >>> A = lo.LowRank(U, jnp.array([3.0])) + 2.0 * lo.Identity(2)
@@ -121,7 +121,7 @@ class Selection(LinearOperator):
         indices: ``k`` distinct integers in ``[0, n)``.
         n: the size of the full space.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> S = lo.Selection(jnp.array([2, 0]), 3)
         >>> S @ jnp.array([10.0, 11.0, 12.0]), S.T @ jnp.array([1.0, 2.0])
@@ -185,7 +185,7 @@ def _split_points(sizes):
 class BlockDiagonal(LinearOperator):
     """Block-diagonal operator ``diag(A_1, ..., A_k)`` (blocks may be rectangular).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> B = lo.BlockDiagonal([lo.Identity(1), lo.Diagonal(jnp.array([2.0, 3.0]))])
         >>> lo.diag(B)
@@ -299,7 +299,7 @@ class BlockDiagonal(LinearOperator):
 class Kronecker(LinearOperator):
     r"""The Kronecker product $A \otimes B$ (row-major: $(A \otimes B)\,\mathrm{vec}(X) = \mathrm{vec}(A X B^\top)$).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> K = lo.Kronecker(lo.Diagonal(jnp.array([1.0, 2.0])), lo.Diagonal(jnp.array([1.0, 3.0])))
         >>> lo.diag(K), lo.logdet(K)

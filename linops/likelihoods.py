@@ -1,6 +1,6 @@
 """Likelihoods: the module `linops.nn.likelihoods` under its public name ``linops.likelihoods``.
 
-Example:
+Examples:
     >>> import linops.likelihoods, linops.nn.likelihoods
     >>> linops.likelihoods.__all__ == linops.nn.likelihoods.__all__
     True

@@ -3,7 +3,7 @@
 `as_matrix()` checks itself (a ``P x P`` GGN of a 100k-parameter network is 40 GB); for
 products, `program_bytes` reads XLA's own memory analysis of the compiled program.
 
-Example:
+Examples:
     >>> import jax.numpy as jnp, linops as lo
     >>> huge = lo.FunctionOp(lambda v: v, (10**6, 10**6), jnp.float32)
     >>> lo.memory.dense_bytes(huge)
@@ -25,7 +25,7 @@ from linops._arrays import describe
 class MemoryBudgetError(MemoryError):
     """A request was refused because it would not fit in the available memory.
 
-    Example:
+    Examples:
         >>> from linops.memory import MemoryBudgetError, check_fits
         >>> try:
         ...     check_fits(10**12, "a big request", "ask for less", limit=10**9)
@@ -38,7 +38,7 @@ class MemoryBudgetError(MemoryError):
 def format_bytes(n: float) -> str:
     """``4.0 GB``-style sizes (powers of 1000).
 
-    Example:
+    Examples:
         >>> from linops.memory import format_bytes
         >>> format_bytes(4 * 10**9)
         '4.0 GB'
@@ -56,7 +56,7 @@ def available_bytes(device=None) -> int | None:
     GPU/TPU: the allocator's limit minus what is in use. CPU: ``MemAvailable`` from
     ``/proc/meminfo`` (Linux).
 
-    Example:
+    Examples:
         >>> from linops.memory import available_bytes
         >>> free = available_bytes()
         >>> free is None or free > 0
@@ -81,7 +81,7 @@ def available_bytes(device=None) -> int | None:
 def dense_bytes(op) -> int:
     """Bytes of ``op``'s dense matrix.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> lo.memory.dense_bytes(lo.Identity(1000, jnp.float32))
         4000000
@@ -96,7 +96,7 @@ def program_bytes(op, num_vectors: int | None = None) -> int:
     Arguments, outputs and temporaries, from the compiled program's memory analysis (it
     compiles the program, but runs nothing).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> lo.memory.program_bytes(lo.Dense(jnp.eye(100))) >= 100 * 100 * 4
         True
@@ -114,7 +114,7 @@ def program_bytes(op, num_vectors: int | None = None) -> int:
 def check_fits(nbytes: int, what: str, alternative: str, *, limit: int | None = None) -> None:
     """Raise `MemoryBudgetError` when ``nbytes`` exceed ``limit`` (default: `available_bytes`).
 
-    Example:
+    Examples:
         >>> from linops.memory import check_fits
         >>> check_fits(10, "a small request", "", limit=100)   # fits: returns None
     """
@@ -128,7 +128,7 @@ def check_fits(nbytes: int, what: str, alternative: str, *, limit: int | None = 
 def check_dense(op, *, limit: int | None = None) -> None:
     """Refuse ``op.as_matrix()`` when the dense matrix would not fit.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> lo.memory.check_dense(lo.Identity(3))   # 36 bytes: fine
     """

@@ -1,6 +1,6 @@
 """Model adapters: the module `linops.nn.models` under its public name ``linops.models``.
 
-Example:
+Examples:
     >>> import linops.models, linops.nn.models
     >>> linops.models.__all__ == linops.nn.models.__all__
     True

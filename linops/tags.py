@@ -3,7 +3,7 @@
 Tags are strings, so ``"psd" in A.tags`` works; declare them on leaves with
 ``tags={"psd"}`` and implied tags are added (``psd`` implies ``symmetric``).
 
-Example:
+Examples:
     >>> import jax.numpy as jnp, linops as lo
     >>> lo.tags.psd in lo.Dense(jnp.eye(2), tags={"psd"}).tags
     True

@@ -2,7 +2,7 @@ r"""Context points: where a function-space prior is imposed (FSP-Laplace, seed 0
 
 Each function returns an ``(m, d)`` array of inputs. Random ones take an explicit key.
 
-Example:
+Examples:
     >>> import jax, jax.numpy as jnp
     >>> from posteriors import context
     >>> X = jnp.array([[0.0, 0.0], [1.0, 2.0]])
@@ -40,7 +40,7 @@ def uniform(key, X, num: int, *, padding: float = 0.5):
     """``num`` points uniform over the data's bounding box, widened by ``padding`` times its range
     on each side (the paper's default: half the range).
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from posteriors.context import uniform
         >>> C = uniform(jax.random.key(0), jnp.array([[0.0], [1.0]]), 100)
@@ -55,7 +55,7 @@ def uniform(key, X, num: int, *, padding: float = 0.5):
 def from_data(key, X, num: int):
     """``num`` distinct rows of ``X`` (the training inputs, or another data set), drawn at random.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from posteriors.context import from_data
         >>> from_data(jax.random.key(0), jnp.arange(10.0)[:, None], 3).shape
@@ -71,7 +71,7 @@ def from_data(key, X, num: int):
 def grid(X, num_per_dim: int, *, padding: float = 0.5):
     """A regular grid of ``num_per_dim`` points per input dimension over the padded data box.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from posteriors.context import grid
         >>> grid(jnp.array([[-1.0], [1.0]]), 5, padding=0.0)[:, 0]
@@ -88,7 +88,7 @@ def low_discrepancy(key, X, num: int, *, kind: str = "halton", padding: float = 
 
     The scrambling seed is drawn from ``key``, so the points are reproducible.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from posteriors.context import low_discrepancy
         >>> low_discrepancy(jax.random.key(0), jnp.array([[0.0, 0.0], [1.0, 1.0]]), 16, kind="sobol").shape

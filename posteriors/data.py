@@ -10,7 +10,7 @@ distribution-shifted and out-of-distribution sets from the images.
 Images are returned as ``float32`` arrays of shape ``(n, side, side)`` in ``[0, 1]`` with
 ``int32`` labels; flatten them with ``images.reshape(len(images), -1)`` for an MLP.
 
-Example:
+Examples:
     >>> import jax
     >>> from posteriors import data
     >>> X, y = data.moons(jax.random.key(0), 100)
@@ -49,7 +49,7 @@ def mnist() -> tuple[np.ndarray, np.ndarray]:
         ``(images, labels)``: ``(5000, 28, 28)`` float32 in ``[0, 1]`` and ``(5000,)`` int32,
         sorted by class (shuffle before splitting: see `train_test_split`).
 
-    Example:
+    Examples:
         >>> from posteriors import data
         >>> images, labels = data.mnist()
         >>> images.shape, float(images.max()), [int((labels == c).sum()) for c in (0, 9)]
@@ -66,7 +66,7 @@ def digits() -> tuple[np.ndarray, np.ndarray]:
     Returns:
         ``(images, labels)``: ``(1797, 8, 8)`` float32 in ``[0, 1]`` and ``(1797,)`` int32.
 
-    Example:
+    Examples:
         >>> from posteriors import data
         >>> images, labels = data.digits()
         >>> images.shape, float(images.max()), int(labels.max())
@@ -84,7 +84,7 @@ IMAGE_DATASETS = {"mnist": mnist, "digits": digits}
 def load_images(name: str) -> tuple[np.ndarray, np.ndarray]:
     """The image dataset called ``name`` (``"mnist"`` or ``"digits"``), as `mnist` / `digits` return it.
 
-    Example:
+    Examples:
         >>> from posteriors import data
         >>> data.load_images("digits")[0].shape
         (1797, 8, 8)
@@ -102,7 +102,7 @@ def load_images(name: str) -> tuple[np.ndarray, np.ndarray]:
 def train_test_split(key: jax.Array, images, labels, test_fraction: float = 0.2):
     """A random split: ``((train_images, train_labels), (test_images, test_labels))``, every example kept.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from posteriors import data
         >>> (a, b), (c, d) = data.train_test_split(jax.random.key(0), np.zeros((10, 2, 2)), np.arange(10), 0.3)
@@ -130,7 +130,7 @@ def split_classes(images, labels, classes):
     The in-distribution labels are renumbered ``0 .. len(classes) - 1`` in the order given (a
     network trained on them has ``len(classes)`` outputs); the held-out labels are kept as they were.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from posteriors import data
         >>> (xi, yi), (xo, yo) = data.split_classes(np.zeros((6, 1)), np.array([0, 5, 1, 6, 1, 0]), [0, 1])
@@ -152,7 +152,7 @@ def split_classes(images, labels, classes):
 def rotate(images, angle: float) -> np.ndarray:
     """Each image rotated by ``angle`` degrees about its centre (bilinear, same size, zeros outside).
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from posteriors import data
         >>> img = np.zeros((1, 3, 3), np.float32); img[0, 0, 1] = 1.0      # top middle
@@ -172,7 +172,7 @@ def rotate(images, angle: float) -> np.ndarray:
 def noise_images(key: jax.Array, n: int, shape) -> np.ndarray:
     """``n`` images of independent uniform pixels in ``[0, 1]``, an out-of-distribution set.
 
-    Example:
+    Examples:
         >>> import jax
         >>> from posteriors import data
         >>> data.noise_images(jax.random.key(0), 4, (8, 8)).shape
@@ -185,7 +185,7 @@ def noise_images(key: jax.Array, n: int, shape) -> np.ndarray:
 def moons(key: jax.Array, n: int, noise: float = 0.1) -> tuple[jax.Array, jax.Array]:
     """Two interleaving half circles (scikit-learn's ``make_moons`` construction), ``n // 2`` and the rest, shuffled.
 
-    Example:
+    Examples:
         >>> import jax
         >>> from posteriors import data
         >>> X, y = data.moons(jax.random.key(0), 5, noise=0.0)
@@ -214,7 +214,7 @@ def inbetween(key: jax.Array, n: int = 80, noise: float = 0.1) -> tuple[jax.Arra
     Returns:
         ``(X, Y)`` of shapes ``(n, 1)`` and ``(n, 1)``.
 
-    Example:
+    Examples:
         >>> import jax
         >>> from posteriors import data
         >>> X, Y = data.inbetween(jax.random.key(0), 10)
@@ -232,7 +232,7 @@ def inbetween(key: jax.Array, n: int = 80, noise: float = 0.1) -> tuple[jax.Arra
 def sine_gap(key: jax.Array, n: int = 60, noise: float = 0.1) -> tuple[jax.Array, jax.Array]:
     r"""FSP-Laplace's toy regression: $y = \sin 2\pi x + \varepsilon$, $x$ uniform on $[-1, -0.5] \cup [0.5, 1]$.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from posteriors import data
         >>> X, Y = data.sine_gap(jax.random.key(0), 20)
@@ -255,7 +255,7 @@ def co2() -> tuple[np.ndarray, np.ndarray]:
     Returns:
         ``(t, y)``: time in decimal years and CO2 in ppm, float64 arrays of equal length.
 
-    Example:
+    Examples:
         >>> from posteriors import data
         >>> t, y = data.co2()
         >>> round(float(t[0]), 2), float(y[0]), bool(len(t) > 2000)

@@ -15,7 +15,7 @@ precision $J(C)^\top K_{CC}^{+} J(C) + G$ without forming any ``P x P``, ``P x n
 6. covariance $U_M U_A D_A^{+} U_A^\top U_M^\top$, after truncating the smallest eigenvalues
    of $D_A$ until the posterior variance is at most the prior variance at every context point.
 
-Example:
+Examples:
     >>> import jax, jax.numpy as jnp
     >>> import posteriors as pst
     >>> from linops.kernels import RBF
@@ -54,7 +54,7 @@ class GPPrior(eqx.Module):
             outputs, independently; a multi-output kernel must have $O$ outputs.
         mean: the prior mean $\mu(x) \in \mathbb R^O$ of ONE input (default zero).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from posteriors.fsp import GPPrior
         >>> from linops.kernels import Matern52
@@ -133,7 +133,7 @@ def rkhs_norm(fn, params, prior, context_points, *, jitter: float = 1e-4) -> jax
     the default $10^{-4}$). The default does not depend on the dtype. A Cholesky of the dense
     ``(n_C O) x (n_C O)`` Gram: keep the number of training context points modest.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from posteriors.fsp import rkhs_norm
         >>> from linops.kernels import White
@@ -175,7 +175,7 @@ def fsp_objective(fn, prior, likelihood: Likelihood, *, num_data: int, context, 
         context: ``key -> (n_C, d)`` context points, or a fixed array of them.
         jitter: relative jitter of the Gram's Cholesky (see `rkhs_norm`).
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp, optax
         >>> import posteriors as pst
         >>> from linops.kernels import RBF
@@ -335,7 +335,7 @@ def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likeliho
     Returns:
         An `FSPLaplacePosterior`.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> import posteriors as pst
         >>> from linops.kernels import Matern32

@@ -5,7 +5,7 @@ $\theta^*$ and the way back from flat vectors (``unravel``). Subclasses give the
 as a `linops` operator and a sampler; the linearised predictive
 $f(\theta^*, x) + J(x)(\theta - \theta^*)$ is shared.
 
-Example:
+Examples:
     >>> import jax, jax.numpy as jnp, linops as lo
     >>> from posteriors.gaussian import LowRankPosterior
     >>> fn = lambda w, x: (x @ w)[None]
@@ -117,7 +117,7 @@ class LowRankPosterior(GaussianPosterior):
             and `lo.pinv` of the covariance).
         batch_size: inputs per batch in `predictive` (default all).
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from posteriors.gaussian import LowRankPosterior
         >>> post = LowRankPosterior(lambda w, x: (x @ w)[None], jnp.ones(2), jnp.array([[0.0], [1.0]]),

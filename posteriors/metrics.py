@@ -28,7 +28,7 @@ finiteness, row sums, positivity) need concrete arrays and are skipped when an a
 tracer (inside `jax.jit`, `jax.vmap`, `jax.grad`). The metrics are cheap: call them outside `jit`
 to have every check.
 
-Example:
+Examples:
     >>> import jax.numpy as jnp
     >>> from posteriors import metrics
     >>> probs = jnp.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]])
@@ -139,7 +139,7 @@ def accuracy(probs, labels) -> jax.Array:
         ValueError: if ``probs`` is not ``(N, K)`` with finite, non-negative rows summing to one, or ``labels``
             are not ``N`` integers in ``[0, K)`` (``TypeError`` for a wrong dtype; see the module docs).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from posteriors.metrics import accuracy
         >>> float(accuracy(jnp.array([[0.7, 0.3], [0.6, 0.4]]), jnp.array([0, 1])))
@@ -155,7 +155,7 @@ def confidence(probs) -> jax.Array:
     Raises:
         ValueError: if ``probs`` is not ``(N, K)`` with finite, non-negative rows summing to one.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from posteriors.metrics import confidence
         >>> float(confidence(jnp.array([[0.75, 0.25], [0.5, 0.5]])))
@@ -171,7 +171,7 @@ def nll(probs, labels) -> jax.Array:
         ValueError: if ``probs`` is not ``(N, K)`` with finite, non-negative rows summing to one, or ``labels``
             are not ``N`` integers in ``[0, K)`` (``TypeError`` for a wrong dtype; see the module docs).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from posteriors.metrics import nll
         >>> round(float(nll(jnp.array([[0.5, 0.5]]), jnp.array([1]))), 4)   # log 2
@@ -189,7 +189,7 @@ def brier(probs, labels) -> jax.Array:
         ValueError: if ``probs`` is not ``(N, K)`` with finite, non-negative rows summing to one, or ``labels``
             are not ``N`` integers in ``[0, K)`` (``TypeError`` for a wrong dtype; see the module docs).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from posteriors.metrics import brier
         >>> float(brier(jnp.array([[1.0, 0.0], [0.5, 0.5]]), jnp.array([0, 0])))   # (0 + 0.5) / 2
@@ -223,7 +223,7 @@ def ece(probs, labels, *, num_bins: int = 15) -> jax.Array:
             are not ``N`` integers in ``[0, K)`` (``TypeError`` for a wrong dtype; see the module docs), or
             ``num_bins < 1``.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from posteriors.metrics import ece
         >>> round(float(ece(jnp.array([[0.95, 0.05], [0.95, 0.05]]), jnp.array([0, 1]), num_bins=10)), 4)
@@ -241,7 +241,7 @@ def mce(probs, labels, *, num_bins: int = 15) -> jax.Array:
             are not ``N`` integers in ``[0, K)`` (``TypeError`` for a wrong dtype; see the module docs), or
             ``num_bins < 1``.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from posteriors.metrics import mce
         >>> round(float(mce(jnp.array([[0.95, 0.05], [0.65, 0.35]]), jnp.array([0, 1]), num_bins=10)), 4)
@@ -257,7 +257,7 @@ def auroc(scores_in, scores_out) -> jax.Array:
     Raises:
         ValueError: if a score array is not 1-D, is empty or holds NaN or inf.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from posteriors.metrics import auroc
         >>> float(auroc(jnp.array([0.1, 0.4]), jnp.array([0.3, 0.9])))   # 3 of 4 pairs ordered
@@ -281,7 +281,7 @@ def fpr95(scores_in, scores_out) -> jax.Array:
     Raises:
         ValueError: if a score array is not 1-D, is empty or holds NaN or inf.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from posteriors.metrics import fpr95
         >>> float(fpr95(jnp.arange(10.0), jnp.arange(5.0, 25.0)))   # threshold 6: in-scores 6..9 flagged
@@ -302,7 +302,7 @@ def gaussian_nll(mean, variance, targets) -> jax.Array:
         ValueError: if ``mean``, ``variance`` and ``targets`` differ in shape, hold NaN or inf, or a variance
             is not positive.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from posteriors.metrics import gaussian_nll
         >>> round(float(gaussian_nll(jnp.zeros(1), jnp.ones(1), jnp.zeros(1))), 4)   # log(2 pi) / 2
@@ -320,7 +320,7 @@ def crps(mean, variance, targets) -> jax.Array:
         ValueError: if ``mean``, ``variance`` and ``targets`` differ in shape, hold NaN or inf, or a variance
             is not positive.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from posteriors.metrics import crps
         >>> round(float(crps(jnp.zeros(1), jnp.ones(1), jnp.zeros(1))), 4)   # (2 - sqrt 2) / sqrt(2 pi)

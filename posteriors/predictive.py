@@ -6,7 +6,7 @@ r"""Predictives of a Gaussian posterior over a network's parameters.
 - `probit` and `laplace_bridge`: class probabilities from a mean and a variance;
 - `classification` and `regression`: the usual end products.
 
-Example:
+Examples:
     >>> import jax, jax.numpy as jnp
     >>> import posteriors as pst
     >>> from linops.likelihoods import Gaussian
@@ -178,7 +178,7 @@ def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False
     Returns:
         ``(mean (M, O), variance (M, O))``, or the covariances asked for in place of the variances.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> import posteriors as pst
         >>> from linops.likelihoods import Gaussian
@@ -232,7 +232,7 @@ def monte_carlo(post: GaussianPosterior, key: jax.Array, inputs, num_samples: in
     """Output samples, shape ``(num_samples, M, O)``: of the linearised model, or (``linearized=False``)
     of the network itself at parameter samples.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> import posteriors as pst
         >>> from linops.likelihoods import Gaussian
@@ -250,7 +250,7 @@ def monte_carlo(post: GaussianPosterior, key: jax.Array, inputs, num_samples: in
 def probit(mean, variance, *, multiclass: bool = True):
     r"""The probit approximation: $\operatorname{softmax}(\mu / \sqrt{1 + \pi\sigma^2/8})$ (or the sigmoid).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from posteriors.predictive import probit
         >>> p = probit(jnp.array([[2.0, 0.0]]), jnp.array([[0.0, 0.0]]))   # no variance: the softmax
@@ -277,7 +277,7 @@ def laplace_bridge(mean, covariance):
         covariance: ``(M, K, K)`` logit covariances (`linearized` with ``output_covariance=True``),
             or ``(M, K)`` variances (a diagonal covariance).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from posteriors.predictive import laplace_bridge
         >>> laplace_bridge(jnp.zeros((1, 2)), jnp.ones((1, 2)))       # symmetric: one half each
@@ -300,7 +300,7 @@ def classification(post: GaussianPosterior, inputs, *, link: str = "probit", key
 
     A single-output model is read as a Bernoulli logit (probabilities of class 1, ``(M, 1)``).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> import posteriors as pst
         >>> from linops.likelihoods import Categorical
@@ -333,7 +333,7 @@ def regression(post: GaussianPosterior, inputs, *, sigma=None):
     """The Gaussian predictive of a regression: ``(mean, variance)`` with the observation noise
     $\\sigma^2$ added (``sigma`` default: the posterior's Gaussian likelihood's).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> import posteriors as pst
         >>> from linops.likelihoods import Gaussian
@@ -356,7 +356,7 @@ def nll(post: GaussianPosterior, inputs, targets, *, link: str = "probit", key: 
     """The predictive negative log-likelihood of ``(inputs, targets)``, summed: Gaussian for a
     Gaussian likelihood, else the classification probabilities (``link``).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> import posteriors as pst
         >>> from linops.likelihoods import Gaussian

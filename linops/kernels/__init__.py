@@ -13,7 +13,7 @@ Multi-output kernels (`Independent`, `Coregionalized` and their sums) have `num_
 and give $\mathrm{cov}(f_o(x_i), f_{o'}(y_j))$; their Gram matrices are $(nO) \times (mO)$ in
 example-major order (row $iO + o$ is output $o$ of example $i$, as in `JacobianOp`).
 
-Example:
+Examples:
     >>> import jax.numpy as jnp
     >>> from linops.kernels import RBF, White
     >>> k = RBF(lengthscale=1.0) + White(0.1)

@@ -45,7 +45,7 @@ class Kernel(eqx.Module):
     returning ``(b, O, k)``), ``_block(X, Y, offset)`` (the dense block, ``(b, O, m, O)``) and
     ``diag(X)``; single-output kernels get both from ``_tile``.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.kernels import Matern32
         >>> k = 2.0 * Matern32(lengthscale=0.5)
@@ -151,7 +151,7 @@ class SumKernel(_Pair):
     A sum of coregionalised kernels is the linear model of coregionalisation
     $\sum_q K_q \otimes B_q$.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.kernels import Linear, White
         >>> (Linear() + White(1.0))(jnp.array([[2.0]]))
@@ -190,7 +190,7 @@ class SumKernel(_Pair):
 class ProductKernel(_Pair):
     """``k1 * k2`` of single-output kernels (elementwise: PSD by Schur's theorem).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.kernels import Linear
         >>> (Linear() * Linear())(jnp.array([[2.0]]))
@@ -216,7 +216,7 @@ class ProductKernel(_Pair):
 class ScaledKernel(Kernel):
     """``c * k`` for a positive scalar ``c`` (any kernel, single- or multi-output).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.kernels import White
         >>> (3.0 * White(1.0)).diag(jnp.zeros((2, 1)))

@@ -11,7 +11,7 @@ from linops.kernels._base import Kernel, _check_inputs, _pairwise_sum, _positive
 class Periodic(Kernel):
     r"""Periodic $\sigma^2 \exp\!\big(-2 \sum_i \sin^2(\pi |x_i - y_i| / p) / \ell^2\big)$.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.kernels import Periodic
         >>> k = Periodic(lengthscale=1.0, period=2.0)
@@ -45,7 +45,7 @@ class Periodic(Kernel):
 class Linear(Kernel):
     r"""Linear (dot product) $\sigma^2 x^\top y + c$ (``bias`` $c \ge 0$).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.kernels import Linear
         >>> Linear(variance=2.0, bias=1.0)(jnp.array([[1.0, 2.0]]), jnp.array([[3.0, 1.0]]))
@@ -76,7 +76,7 @@ class White(Kernel):
     It depends on the identity of the points, not their values (as in scikit-learn): a test
     point that coincides with a training point shares no noise with it.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.kernels import White
         >>> X = jnp.zeros((2, 1))

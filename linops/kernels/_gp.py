@@ -64,7 +64,7 @@ def gp_log_marginal_likelihood(kernel: Kernel, X, y, noise_variance) -> jax.Arra
             (compared, example-major, with the ``(nO, nO)`` Gram).
         noise_variance: $\sigma^2$, a scalar or one variance per output, ``(O,)``.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.kernels import White, gp_log_marginal_likelihood
         >>> # K + noise = 2 I: two independent N(0, 2) terms
@@ -168,7 +168,7 @@ def fit_gp(kernel: Kernel, X, y, *, noise_variance=0.1, num_steps: int = 200, le
         key: the PRNG key for the subset.
         fit_noise: whether to fit the noise variance too.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from linops.kernels import RBF, fit_gp
         >>> X = jnp.linspace(-3, 3, 40)[:, None]

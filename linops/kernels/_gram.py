@@ -39,7 +39,7 @@ class KernelGramOp(LinearOperator):
     each device's part with ``psum``. Results equal the single-device ones to float round-off; when the
     tiles do not split evenly, the last devices repeat a tile whose rows are then dropped.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> from linops.kernels import RBF, KernelGramOp
         >>> X = jnp.linspace(0.0, 1.0, 5)[:, None]

@@ -48,7 +48,7 @@ class Independent(Kernel):
         ValueError: for a multi-output component, an empty list, ``num_outputs < 1``, a single
             kernel without ``num_outputs`` or a list with it.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.kernels import Independent, RBF, White
         >>> k = Independent([RBF(), White(2.0)])
@@ -133,7 +133,7 @@ class Coregionalized(Kernel):
     Raises:
         ValueError: for a multi-output ``kernel``, a non-square, asymmetric or indefinite ``B``.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.kernels import Coregionalized, White
         >>> B = jnp.array([[1.0, 0.5], [0.5, 2.0]])

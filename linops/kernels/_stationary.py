@@ -13,7 +13,7 @@ from linops.kernels._base import _FEW_DIMS, Kernel, _check_inputs, _pairwise_sum
 class Stationary(Kernel):
     """A kernel of the scaled distance $r = \\|(x - y)/\\ell\\|$, times a variance $\\sigma^2$.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.kernels import RBF
         >>> RBF(lengthscale=jnp.array([1.0, 2.0]))(jnp.zeros((1, 2)), jnp.array([[1.0, 2.0]]))
@@ -80,7 +80,7 @@ def _safe_sqrt(r2):
 class RBF(Stationary):
     r"""Squared exponential $\sigma^2 \exp(-r^2/2)$.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.kernels import RBF
         >>> round(float(RBF(lengthscale=2.0, variance=3.0)(jnp.array([[0.0]]), jnp.array([[2.0]]))[0, 0]), 4)
@@ -94,7 +94,7 @@ class RBF(Stationary):
 class Matern12(Stationary):
     r"""Matérn 1/2 (exponential) $\sigma^2 e^{-r}$.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.kernels import Matern12
         >>> Matern12()(jnp.array([[0.0]]), jnp.array([[1.0]]))
@@ -108,7 +108,7 @@ class Matern12(Stationary):
 class Matern32(Stationary):
     r"""Matérn 3/2 $\sigma^2 (1 + \sqrt3 r) e^{-\sqrt3 r}$.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.kernels import Matern32
         >>> round(float(Matern32()(jnp.array([[0.0]]), jnp.array([[1.0]]))[0, 0]), 4)
@@ -123,7 +123,7 @@ class Matern32(Stationary):
 class Matern52(Stationary):
     r"""Matérn 5/2 $\sigma^2 (1 + \sqrt5 r + 5r^2/3) e^{-\sqrt5 r}$.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.kernels import Matern52
         >>> Matern52()(jnp.array([[0.0]]), jnp.array([[1.0]]))
@@ -138,7 +138,7 @@ class Matern52(Stationary):
 class RationalQuadratic(Stationary):
     r"""Rational quadratic $\sigma^2 (1 + r^2 / (2\alpha))^{-\alpha}$ (a scale mixture of RBFs).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.kernels import RationalQuadratic
         >>> RationalQuadratic(alpha=1.0)(jnp.array([[0.0]]), jnp.array([[2.0]]))

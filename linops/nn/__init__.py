@@ -4,7 +4,7 @@ adapters, and alternating projections over the row blocks of its Jacobian.
 Everything here is built on the algebra of `linops` and re-exported there (``lo.GGNOp`` is
 ``linops.nn.GGNOp``); the algebra never imports this package.
 
-Example:
+Examples:
     >>> import linops as lo
     >>> from linops.nn import GGNOp, likelihoods
     >>> lo.GGNOp is GGNOp, lo.likelihoods.Gaussian is likelihoods.Gaussian

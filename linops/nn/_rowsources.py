@@ -6,7 +6,7 @@ $M_b$, each from its own example). The examples are grouped into batches of ``ba
 short last batch repeats its own examples, so it has the same row space and nothing is dropped.
 `linops.nn._rowblocks.RowBlocks.build` turns a source into factors.
 
-Example:
+Examples:
     >>> import jax.numpy as jnp
     >>> rows = matrix_rows(jnp.arange(6.0).reshape(3, 2), batch_size=2)
     >>> rows.data.shape, rows.num_rows, rows.size       # 2 batches of 2 rows; the last repeats row 3

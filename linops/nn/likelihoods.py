@@ -11,7 +11,7 @@ Each likelihood works on ONE example's network output ``f`` of shape ``(O,)``:
 Closed forms: Gaussian $I/\sigma^2$; categorical $\operatorname{diag}(p) - p p^\top$ with
 $p = \operatorname{softmax}(f)$; Bernoulli $\operatorname{diag}(p (1 - p))$ with $p = \sigma(f)$.
 
-Example:
+Examples:
     >>> import jax.numpy as jnp
     >>> from linops.likelihoods import Categorical
     >>> Categorical().hvp(jnp.zeros(2), jnp.asarray(0), jnp.array([1.0, 0.0]))
@@ -69,7 +69,7 @@ class Gaussian(Likelihood):
             ``heteroscedastic=True``, one per example ``(N,)`` or ``(N, O)``.
         heteroscedastic: ``sigma`` has a leading example axis.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.likelihoods import Gaussian
         >>> Gaussian(0.5).hessian(jnp.zeros(2), jnp.zeros(2)).as_matrix()
@@ -136,7 +136,7 @@ class Gaussian(Likelihood):
 class Categorical(Likelihood):
     r"""Softmax classification with integer labels, $H = \operatorname{diag}(p) - p p^\top$.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.likelihoods import Categorical
         >>> Categorical().nll(jnp.zeros(4), jnp.asarray(2))   # log 4
@@ -180,7 +180,7 @@ class Categorical(Likelihood):
 class Bernoulli(Likelihood):
     r"""Independent sigmoid outputs (binary or multi-label), $H = \operatorname{diag}(p(1-p))$.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.likelihoods import Bernoulli
         >>> Bernoulli().grad(jnp.zeros(2), jnp.array([1.0, 0.0]))

@@ -8,7 +8,7 @@ takes a ``seed`` (an explicit, deterministic source of probes) and raises
 Hypothesis strategies that draw random operators and expression trees with their dense
 references live in `linops.testing.strategies` (it needs the ``hypothesis`` package).
 
-Example:
+Examples:
     >>> import jax.numpy as jnp, linops as lo
     >>> from linops.testing import assert_projector
     >>> assert_projector(lo.ProjectorOp.onto_null_space(jnp.ones((1, 4))))
@@ -65,7 +65,7 @@ def assert_operators_close(A, B, *, seed: int = 0, num_probes: int = 8, rtol=Non
     Compares ``A @ V`` with ``B @ V`` and ``A.T @ U`` with ``B.T @ U``: densely when both sides
     are at most `DENSE_MAX`, else on ``num_probes`` Gaussian probes.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> A = lo.Dense(jnp.array([[1.0, 2.0], [3.0, 4.0]]))
         >>> assert_operators_close(A.T.T, A)
@@ -95,7 +95,7 @@ def _as_op(M):
 def assert_adjoint(A: LinearOperator, *, seed: int = 0, num_probes: int = 4, rtol=None) -> None:
     r"""Assert the adjoint identity $\langle A x, y\rangle = \langle x, A^\top y\rangle$ on probes.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> assert_adjoint(lo.Dense(jnp.ones((2, 3))))
     """
@@ -121,7 +121,7 @@ def _square(A, what):
 def assert_symmetric(A: LinearOperator, *, seed: int = 0, num_probes: int = 8, rtol=None) -> None:
     """Assert ``A = A^T`` (densely when small, else on probes ``A v = A^T v``).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> J = lo.Dense(jnp.ones((2, 3)))
         >>> assert_symmetric(J.T @ J)
@@ -143,7 +143,7 @@ def assert_psd(A: LinearOperator, *, seed: int = 0, num_probes: int = 8, rtol=No
     Large ones: $v^\top A v \ge -(\mathrm{rtol}\,\|A v\|\|v\| + \epsilon^{3/4}\|v\|^2)$ on probes (a
     necessary condition only). The $\epsilon^{3/4}$ term admits rounding relative to the probes.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> assert_psd(lo.Diagonal(jnp.array([0.0, 2.0])))
     """
@@ -169,7 +169,7 @@ def assert_psd(A: LinearOperator, *, seed: int = 0, num_probes: int = 8, rtol=No
 def assert_projector(P: LinearOperator, *, seed: int = 0, num_probes: int = 8, rtol=None) -> None:
     """Assert ``P`` is an orthogonal projector: ``P = P^T`` and ``P P = P``.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> assert_projector(lo.ProjectorOp.onto_row_space(jnp.ones((1, 3))))
     """
@@ -185,7 +185,7 @@ def assert_projector(P: LinearOperator, *, seed: int = 0, num_probes: int = 8, r
 def assert_tags_hold(A: LinearOperator, *, seed: int = 0, num_probes: int = 8, rtol=None) -> None:
     """Assert every tag ``A`` claims holds (on probes, or densely when small).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> J = lo.Dense(jnp.array([[1.0, 2.0], [0.0, 1.0]]))
         >>> assert_tags_hold(J.T @ lo.Diagonal(jnp.array([1.0, 3.0])) @ J)
@@ -217,7 +217,7 @@ def assert_operator_matches(A: LinearOperator, dense, *, seed: int = 0, rtol=Non
     """The conformance check for a new operator: products, transposes, ``as_matrix``,
     the adjoint identity, linearity and every claimed tag, against a dense reference.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> M = jnp.array([[1.0, 2.0], [3.0, 4.0]])
         >>> assert_operator_matches(lo.Dense(M), M)

@@ -6,7 +6,7 @@ Values are drawn from a seeded NumPy generator (Hypothesis draws and shrinks the
 Draw in float64 (``jax.config.update("jax_enable_x64", True)`` in your test session) to
 check algebra to tight tolerances.
 
-Example:
+Examples:
     >>> from hypothesis import given, settings
     >>> import numpy as np
     >>> from linops.testing import strategies as lst
@@ -60,7 +60,7 @@ def _orthonormal(rng, n, k):
 def rectangular(draw, m: int, n: int, dtype=np.float64) -> Case:
     """A random ``(m, n)`` leaf: dense, low rank, zero, a transposed dense, or a restriction.
 
-    Example:
+    Examples:
         >>> from hypothesis import given, settings
         >>> from linops.testing import assert_operator_matches, strategies as lst
         >>> @settings(max_examples=3, deadline=None)
@@ -103,7 +103,7 @@ def register_kind(name: str, builder: Builder, *, sizes: Callable[[int], bool] =
     values from the NumPy generator ``rng``. Registering your own operator here puts it under every property
     test that draws from these strategies.
 
-    Example:
+    Examples:
         >>> import numpy as np, linops as lo
         >>> from linops.testing import strategies as lst
         >>> def scaled_identity(draw, rng, n, dtype, kind):
@@ -119,7 +119,7 @@ def register_kind(name: str, builder: Builder, *, sizes: Callable[[int], bool] =
 def kinds() -> tuple[str, ...]:
     """Every registered kind, built-in (`SQUARE_KINDS`) and yours, in registration order.
 
-    Example:
+    Examples:
         >>> from linops.testing import strategies as lst
         >>> set(lst.SQUARE_KINDS) <= set(lst.kinds()), "cholesky" in lst.kinds()
         (True, True)
@@ -143,7 +143,7 @@ def operators(draw, n: int | None = None, dtype=np.float64, kinds: Sequence[str]
     ``kinds`` restricts the draw to some of the registered kinds (default: all of them, `kinds()`;
     `register_kind` adds one).
 
-    Example:
+    Examples:
         >>> from hypothesis import given, settings
         >>> from linops.testing import assert_tags_hold, strategies as lst
         >>> @settings(max_examples=3, deadline=None)
@@ -353,7 +353,7 @@ def expressions(draw, n: int | None = None, max_depth: int = 3, dtype=np.float64
     Nodes: sums, differences, products, scalings, transposes, declared shifts, congruences
     ``R^T M R`` through rectangular factors, and the leaves of `operators`.
 
-    Example:
+    Examples:
         >>> from hypothesis import given, settings
         >>> import linops as lo
         >>> from linops.testing import assert_operators_close, strategies as lst

@@ -12,7 +12,7 @@ arguments override the size's defaults; ``dtype`` casts the parameters (build in
 - `vit`: a small vision transformer;
 - `nnx_cnn`: a small Flax NNX convolutional network (needs ``flax``).
 
-Example:
+Examples:
     >>> import jax, jax.numpy as jnp
     >>> from posteriors.experiments.architectures import ARCHITECTURES, count_params
     >>> build = ARCHITECTURES["resnet"]
@@ -41,7 +41,7 @@ _NORMS = ("group", "layer", "batch")
 def count_params(params) -> int:
     """The number of scalar parameters in a params pytree (arrays or `jax.ShapeDtypeStruct` leaves).
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from posteriors.experiments.architectures import count_params, lenet5
         >>> count_params({"w": jnp.ones((3, 4)), "b": jnp.zeros(4)})
@@ -93,7 +93,7 @@ def lenet5(key, *, size: str = "real", in_channels: int = 1, image_size: int | N
     (61,706 parameters on 28x28x1). ``size="real"`` uses ``width=2`` on 28x28 images (244,362 parameters),
     ``size="small"`` uses ``width=0.25`` on 12x12 images (1,277 parameters). Images must be at least 12x12.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from posteriors.experiments.architectures import count_params, lenet5
         >>> fn, params = lenet5(jax.random.key(0), size="small")
@@ -236,7 +236,7 @@ def resnet(key, *, size: str = "real", norm: str = "group", in_channels: int = 1
     statistics matter, they are not the initial zeros/ones: running means are drawn from $N(0, 0.25^2)$ and
     variances from $U(0.5, 2)$, from ``key``.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from posteriors.experiments.architectures import count_params, resnet
         >>> fn, params = resnet(jax.random.key(0), size="small", norm="batch")
@@ -325,7 +325,7 @@ def vit(key, *, size: str = "real", patch_size: int = 4, in_channels: int = 1, i
     mlp_dim=128`` (139,018 parameters with ``patch_size=4``); ``size="small"``: 8x8 images,
     ``dim=16, depth=1, num_heads=2, mlp_dim=32`` (2,794 parameters).
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from posteriors.experiments.architectures import count_params, vit
         >>> fn, params = vit(jax.random.key(0), size="small")
@@ -394,7 +394,7 @@ def nnx_cnn(key_or_seed, *, size: str = "small", in_channels: int = 1, image_siz
     128 hidden units (421,642 parameters). ``dtype`` casts the parameters (the layers compute in the dtype
     their inputs and parameters promote to).
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from posteriors.experiments.architectures import count_params, nnx_cnn
         >>> fn, params = nnx_cnn(0, size="small")
