@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from linops._conv_layout import canonical_convolutions
+
 
 def num_examples(data) -> int:
     sizes = {jnp.shape(a)[0] for a in jax.tree_util.tree_leaves(data)}
@@ -26,12 +28,12 @@ def _split(data, batch_size):
 
 def batched_sum(fn, data, batch_size: int):
     """``sum(fn(batch) for batch in batches(data))`` with `lax.scan`, remainder included."""
+    fn = canonical_convolutions(fn)  # the loop body's convolutions in the CPU backend's fast layout
     full, head, tail = _split(data, batch_size)
     total = None
     if full:
         first = jax.tree_util.tree_map(lambda a: a[0], head)
-        init = jax.tree_util.tree_map(jnp.zeros_like, jax.eval_shape(fn, first))
-        init = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), init)
+        init = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, first))
         total, _ = lax.scan(lambda acc, batch: (jax.tree_util.tree_map(jnp.add, acc, fn(batch)), None), init, head)
     if tail is not None:
         last = fn(tail)
@@ -41,6 +43,7 @@ def batched_sum(fn, data, batch_size: int):
 
 def batched_map(fn, data, batch_size: int):
     """``concatenate([fn(batch) for batch in batches(data)])`` along the example axis."""
+    fn = canonical_convolutions(fn)
     full, head, tail = _split(data, batch_size)
     parts = []
     if full:

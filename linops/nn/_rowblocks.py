@@ -13,7 +13,7 @@ each device builds and keeps the factors and linearisations of its own batches (
 batch axis, never gathered on one device). Before any work, the memory plan checks that the
 factors fit, and decides whether the linearisations do.
 
-Example:
+Examples:
     >>> import jax.numpy as jnp
     >>> from linops.nn._rowsources import matrix_rows
     >>> blocks = RowBlocks.build(matrix_rows(jnp.array([[1.0, 0.0], [0.0, 2.0]]), batch_size=1))
@@ -34,6 +34,7 @@ import numpy as np
 from jax import lax
 
 from linops._batching import check_mesh, leaf_specs
+from linops._conv_layout import canonical_convolutions
 from linops._projector import gram_factor
 from linops.memory import MemoryBudgetError, check_fits
 from linops.nn._rowsources import RowSource
@@ -123,7 +124,7 @@ class RowBlocks(eqx.Module):
             return gram_b, (tuple(stored) if store else ())
 
         def factors(data):
-            grams, stored = lax.map(gram, data)
+            grams, stored = lax.map(canonical_convolutions(gram), data)
             # A separate loop: an eigendecomposition inside the loop above slows its products ~1.7x on CPU.
             shape = (rows.num_rows, rows.size)
             return (lax.map(lambda g: gram_factor(g, shape, cutoff)[0], grams), stored,
@@ -183,7 +184,8 @@ class RowBlocks(eqx.Module):
     def kernel_norm(self, v):
         r"""$\|M v\|$ for a flat vector ``v`` (0 exactly on $\ker M$)."""
         t = self.to_tree(v)
-        return jnp.sqrt(lax.map(lambda b: jnp.sum(self.linear(b[0], b[2])(t) ** 2), self.batches()).sum())
+        norms = canonical_convolutions(lambda b: jnp.sum(self.linear(b[0], b[2])(t) ** 2))
+        return jnp.sqrt(lax.map(norms, self.batches()).sum())
 
 
 def _plan_memory(rows, batches, store, per_batch_bytes, on_mesh) -> bool:

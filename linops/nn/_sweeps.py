@@ -12,7 +12,7 @@ r"""Sweeps over the row blocks of a `linops.nn._rowblocks.RowBlocks`: products o
 
 Sweeps run in the parameters' own pytree layout; vectors are flattened only at the ends.
 
-Example:
+Examples:
     >>> import jax.numpy as jnp
     >>> from linops.nn._rowblocks import RowBlocks
     >>> from linops.nn._rowsources import matrix_rows
@@ -28,11 +28,13 @@ import jax.numpy as jnp
 from jax import lax
 
 from linops._batching import leaf_specs
+from linops._conv_layout import canonical_convolutions
 
 
 def scan(blocks, t, batches, reverse=False):
     """$Q$ of each of ``batches`` in turn (in reverse order with ``reverse``) on a pytree ``t``."""
-    return lax.scan(lambda t, b: (blocks.project_out(t, b), None), t, batches, reverse=reverse)[0]
+    step = canonical_convolutions(lambda t, b: (blocks.project_out(t, b), None))  # fast convolutions in a loop
+    return lax.scan(step, t, batches, reverse=reverse)[0]
 
 
 def symmetric_scan(blocks, t, batches):

@@ -4,7 +4,7 @@ A model is a per-example function ``fn(params, x) -> (O,)`` and a params pytree.
 neural-network operators ravel params at the boundary (`ravel`); these adapters produce
 ``(fn, params)`` from the libraries people train with.
 
-Example:
+Examples:
     >>> import jax, equinox as eqx
     >>> from linops.models import from_equinox, ravel
     >>> fn, params = from_equinox(eqx.nn.MLP(3, 2, 8, 1, key=jax.random.key(0)))
@@ -24,13 +24,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from linops._conv_layout import canonical_convolutions
+
 
 class Unravel:
     """The way back from a flat vector to a params pytree: equal (and hashed alike) for pytrees of one
     structure, shapes and dtypes, so that a jitted function taking it as static data compiles once per
     structure, not once per `ravel` call (a fresh closure would never compare equal).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.models import ravel
         >>> _, u1 = ravel({"w": jnp.ones((2, 2))}); _, u2 = ravel({"w": jnp.zeros((2, 2))})
@@ -66,7 +68,7 @@ class Unravel:
 def ravel(params):
     """``(flat, unravel)``: the params pytree as one vector, and the way back (an `Unravel`).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.models import ravel
         >>> flat, unravel = ravel({"w": jnp.ones((2, 2)), "b": jnp.zeros(2)})
@@ -83,7 +85,7 @@ def from_equinox(module) -> tuple[Callable, object]:
 
     The trainable arrays (inexact arrays) are the params; everything else is closed over.
 
-    Example:
+    Examples:
         >>> import jax, equinox as eqx
         >>> from linops.models import from_equinox
         >>> fn, params = from_equinox(eqx.nn.Linear(2, 3, key=jax.random.key(0)))
@@ -101,7 +103,7 @@ def from_equinox(module) -> tuple[Callable, object]:
 def from_flax_nnx(module) -> tuple[Callable, object]:
     """``(fn, params)`` for a Flax NNX module called on one example (needs ``flax``).
 
-    Example:
+    Examples:
         >>> from linops.models import from_flax_nnx   # doctest: +SKIP
         >>> fn, params = from_flax_nnx(nnx.Linear(2, 3, rngs=nnx.Rngs(0)))  # doctest: +SKIP
     """
@@ -120,7 +122,7 @@ def from_flax_nnx(module) -> tuple[Callable, object]:
 def per_example(batched_fn: Callable) -> Callable:
     """Turn ``batched_fn(params, X) -> (N, O)`` into the per-example ``fn(params, x) -> (O,)``.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.models import per_example
         >>> fn = per_example(lambda p, X: X @ p)
@@ -137,7 +139,7 @@ def per_example(batched_fn: Callable) -> Callable:
 def check_indices(indices, num_params: int, who: str):
     """``indices`` as a sorted int array, or a `ValueError` naming ``who`` (range, repeats, shape).
 
-    Example:
+    Examples:
         >>> from linops.models import check_indices
         >>> check_indices([4, 0, 2], num_params=5, who="my_subnet")
         array([0, 2, 4])
@@ -169,7 +171,7 @@ def restrict(fn: Callable, params, indices) -> tuple[Callable, jax.Array]:
     forward- and reverse-mode derivatives of ``fn_S`` never propagate through them: the
     Jacobian $J E_s$ of a parameter subset is computed directly, never sliced from the full one.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from linops.models import restrict
         >>> fn = lambda p, x: p["a"] * x + p["b"]
@@ -196,4 +198,5 @@ def restrict(fn: Callable, params, indices) -> tuple[Callable, jax.Array]:
     return fn_S, flat[idx]
 
 
-__all__ = ["Unravel", "check_indices", "from_equinox", "from_flax_nnx", "per_example", "ravel", "restrict"]
+__all__ = ["Unravel", "canonical_convolutions", "check_indices", "from_equinox", "from_flax_nnx", "per_example",
+           "ravel", "restrict"]
