@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from linops._conv_layout import canonical_convolutions
+from linops._progress import tick
 
 
 def num_examples(data) -> int:
@@ -26,17 +27,27 @@ def _split(data, batch_size):
     return full, head, tail
 
 
-def batched_sum(fn, data, batch_size: int):
-    """``sum(fn(batch) for batch in batches(data))`` with `lax.scan`, remainder included."""
+def batched_sum(fn, data, batch_size: int, progress: str | None = None):
+    """``sum(fn(batch) for batch in batches(data))`` with `lax.scan`, remainder included; ``progress``: the
+    label of a progress bar over the batches (`linops._progress`), or None."""
     fn = canonical_convolutions(fn)  # the loop body's convolutions in the CPU backend's fast layout
     full, head, tail = _split(data, batch_size)
+    count = full + (tail is not None)
     total = None
     if full:
         first = jax.tree_util.tree_map(lambda a: a[0], head)
         init = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, first))
-        total, _ = lax.scan(lambda acc, batch: (jax.tree_util.tree_map(jnp.add, acc, fn(batch)), None), init, head)
+
+        def step(acc, indexed):
+            i, batch = indexed
+            out = fn(batch)
+            tick(progress, i + 1, count, unit="batch", after=out)
+            return jax.tree_util.tree_map(jnp.add, acc, out), None
+
+        total, _ = lax.scan(step, init, (jnp.arange(full), head))
     if tail is not None:
         last = fn(tail)
+        tick(progress, count, count, unit="batch", after=last)
         total = last if total is None else jax.tree_util.tree_map(jnp.add, total, last)
     return total
 
@@ -83,16 +94,17 @@ def _even_split(data, devices: int):
     return even, head, rest
 
 
-def sharded_sum(fn, data, batch_size: int, mesh, axis: str):
+def sharded_sum(fn, data, batch_size: int, mesh, axis: str, progress: str | None = None):
     """`batched_sum` with the examples split over the devices of ``mesh`` along ``axis`` (``mesh`` None:
     `batched_sum` itself, on one device).
 
     Each device streams over its own examples in batches of ``batch_size`` and the partial sums
     are reduced with ``psum``; the examples left over by an uneven split (fewer than the number
-    of devices) are summed on their own, replicated, and added: none is dropped.
+    of devices) are summed on their own, replicated, and added: none is dropped. ``progress``: a bar's
+    label (one device only: on a mesh every device would advance it).
     """
     if mesh is None:
-        return batched_sum(fn, data, batch_size)
+        return batched_sum(fn, data, batch_size, progress)
     from jax.sharding import PartitionSpec
 
     even, head, rest = _even_split(data, mesh.shape[axis])

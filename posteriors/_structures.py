@@ -43,6 +43,7 @@ class FitRequest(NamedTuple):
     kfac_fallback: str | None
     who: str
     kfac_approximation: str = "expand"
+    progress: str | None = None  # the label of a progress bar over the data's batches, or None
 
 
 REGISTRY: dict[str, type] = {}
@@ -227,7 +228,8 @@ class KFACGGN(StructuredGGN):
     @classmethod
     def fit(cls, r):
         K = lo.kfac(r.fn, r.params, *r.data, r.likelihood, approximation=r.kfac_approximation,
-                    batch_size=r.batch_size, mesh=r.mesh, other_diagonal=r.kfac_fallback == "diag")
+                    batch_size=r.batch_size, mesh=r.mesh, other_diagonal=r.kfac_fallback == "diag",
+                    progress=r.progress)
         names = [path_string(p) for p, _ in jax.tree_util.tree_flatten_with_path(r.params)[0]]
         if K.other_leaves and r.kfac_fallback in (None, "error"):
             raise ValueError(f"{r.who}(structure='kfac'): parameters outside any dense or convolutional layer have no "

@@ -8,7 +8,7 @@ and Markdown with figures (reliability diagrams, OOD score histograms, a rotatio
 in-between uncertainty of a 1-D toy) into ``--out``. The other commands reproduce one paper's
 comparison each. ``--quick`` finishes in a few minutes on 2 CPU cores.
 
-Example:
+Examples:
     >>> from posteriors.cli import build_parser
     >>> args = build_parser().parse_args(["demo", "--quick", "--methods", "map,projected"])
     >>> args.command, args.quick, args.methods
@@ -21,6 +21,8 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
+
+from posteriors.experiments.methods import DEFAULT_METHODS, METHODS, PROJECTED_METHODS
 
 COMMANDS = {
     "demo": "every posterior on digits 0-4: the comparison table, figures, and the in-between toy",
@@ -35,7 +37,7 @@ COMMANDS = {
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m posteriors``.
 
-    Example:
+    Examples:
         >>> from posteriors.cli import build_parser
         >>> build_parser().parse_args([]).command is None      # no command: the demo
         True
@@ -51,11 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("demo", "projected"):
             p.add_argument("--dataset", choices=["digits", "mnist"], default=argparse.SUPPRESS,
                            help=f"the offline image data (default: {'digits' if name == 'demo' else 'mnist'})")
-            p.add_argument("--methods", help="comma-separated methods (default: all but 'full' for demo); "
-                                             "known: map, full, diag, last_layer, kfac, lowrank, subnetwork, "
-                                             "projected, loss_projected, fsp")
-        if name == "inbetween":
-            p.add_argument("--methods", help="comma-separated methods (default: all)")
+        if name in ("demo", "projected", "inbetween"):
+            chosen = {"demo": DEFAULT_METHODS, "projected": PROJECTED_METHODS, "inbetween": METHODS}[name]
+            p.add_argument("--methods", help=f"comma-separated methods, from: {', '.join(METHODS)} (default: "
+                                             f"{'all' if chosen == METHODS else ', '.join(chosen)})")
         if name == "fsp":
             p.add_argument("--parts", default="regression,two_moons,maunaloa",
                            help="comma-separated parts (default: %(default)s)")
@@ -92,12 +93,11 @@ def _methods(text, known, who):
 
 
 def _classification_config(args, command):
-    from posteriors.experiments.classification import DEFAULT_METHODS, METHODS, Config
+    from posteriors.experiments.classification import Config
 
     methods = _methods(args.methods, METHODS, command)
     if methods is None:
-        methods = DEFAULT_METHODS if command == "demo" else ("map", "diag", "last_layer", "kfac", "projected",
-                                                           "loss_projected")
+        methods = DEFAULT_METHODS if command == "demo" else PROJECTED_METHODS
     dataset = args.dataset or ("digits" if command == "demo" else "mnist")
     cfg = Config(dataset=dataset, methods=methods, seed=args.seed)
     if dataset == "mnist":
@@ -114,7 +114,7 @@ def _classification_config(args, command):
 
 
 def _inbetween_config(args):
-    from posteriors.experiments.inbetween import METHODS, Config
+    from posteriors.experiments.inbetween import Config
 
     cfg = Config(seed=args.seed, methods=_methods(args.methods, METHODS, "inbetween") or METHODS)
     if args.quick:
@@ -144,7 +144,7 @@ def use_compilation_cache(directory) -> Path | None:
     at import); call this, or ``jax.config.update("jax_compilation_cache_dir", ...)``, in your own scripts.
     Programs that compiled in under 0.1 s are not written. Returns the directory used, or None.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from posteriors.cli import use_compilation_cache
         >>> use_compilation_cache("none") is None
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
 
     Bad arguments (an unknown command, method, dataset or part) stop it before any work.
 
-    Example:
+    Examples:
         >>> from posteriors.cli import main
         >>> main(["fsp", "--parts", "sine"])
         Traceback (most recent call last):

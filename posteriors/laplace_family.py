@@ -206,7 +206,7 @@ def last_layer_leaves(params, last_layer=None, *, fn=None, x=None) -> list[int]:
     leaves under the path prefix ``last_layer`` (``"layers.2"``). Without ``fn``: the leaves under the parent
     of the last 2-D leaf (an Equinox MLP's ``layers[-1]``; a Flax NNX layer's ``kernel`` and ``bias``).
 
-    Example:
+    Examples:
         >>> import jax, equinox as eqx
         >>> from posteriors.laplace_family import last_layer_leaves
         >>> from linops.models import from_equinox
@@ -257,7 +257,8 @@ def _submodel(fn, params, chosen):
 def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: str = "full", prior_precision=1.0,
             batch_size: int | None = None, rank: int | None = None, num_steps: int | None = None,
             key: jax.Array | None = None, last_layer: str | None = None,
-            kfac_fallback: str | None = "diag", kfac_approximation: str = "expand", mesh=None) -> LaplacePosterior:
+            kfac_fallback: str | None = "diag", kfac_approximation: str = "expand", mesh=None,
+            progress: bool = True) -> LaplacePosterior:
     r"""The linearised Laplace posterior $\mathcal N(\theta^*, (G + \operatorname{diag}\alpha)^{-1})$.
 
     Args:
@@ -287,11 +288,14 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
         mesh: a `jax.sharding.Mesh` with a ``"data"`` axis: the GGN computations split the examples
             over its devices (`linops.GGNOp`'s and `linops.kfac`'s ``mesh``); the result equals the
             single-device one.
+        progress: a progress bar over the data's batches on stderr while the GGN is formed (the
+            ``"full"``, ``"diag"``, ``"last_layer"`` and ``"kfac"`` fits, on one device), shown once
+            the fit runs longer than two seconds; False silences it.
 
     Returns:
         A `LaplacePosterior`.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> import posteriors as pst
         >>> from linops.likelihoods import Gaussian
@@ -320,7 +324,8 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
         fit_fn, fit_params, subset = _submodel(fn, params, chosen)
     lo.GGNOp(fit_fn, fit_params, X, Y, likelihood, batch_size=batch_size, mesh=mesh)  # checks the data, eagerly
     cls = S.REGISTRY["full" if structure == "last_layer" else structure]
-    options = _FitOptions(batch_size, mesh, rank, num_steps, kfac_fallback, who, kfac_approximation)
+    label = f"{who}(structure={structure!r})" if progress else None
+    options = _FitOptions(batch_size, mesh, rank, num_steps, kfac_fallback, who, kfac_approximation, label)
     fit = _fit_compiled if cls.compile_fit else _fit_structure
     ggn = fit(cls, fn, params, X, Y, likelihood, chosen, key, options)
     alpha = _canonical_prior(prior_precision, params, subset, structure, ggn, who)
@@ -337,6 +342,7 @@ class _FitOptions(NamedTuple):
     kfac_fallback: str | None
     who: str
     kfac_approximation: str
+    progress: str | None = None
 
 
 def _fit_structure(cls, fn, params, X, Y, likelihood, chosen, key, o):
@@ -344,9 +350,10 @@ def _fit_structure(cls, fn, params, X, Y, likelihood, chosen, key, o):
     fit_fn, fit_params = fn, params
     if chosen is not None:
         fit_fn, fit_params, _ = _submodel(fn, params, chosen)
-    G = lo.GGNOp(fit_fn, fit_params, X, Y, likelihood, batch_size=o.batch_size, mesh=o.mesh)
+    progress = o.progress if cls is not S.REGISTRY["lowrank"] else None  # Lanczos runs many products, not one pass
+    G = lo.GGNOp(fit_fn, fit_params, X, Y, likelihood, batch_size=o.batch_size, mesh=o.mesh, progress=progress)
     return cls.fit(S.FitRequest(G, fit_fn, fit_params, (X, Y), likelihood, o.batch_size, o.mesh, o.rank,
-                                o.num_steps, key, o.kfac_fallback, o.who, o.kfac_approximation))
+                                o.num_steps, key, o.kfac_fallback, o.who, o.kfac_approximation, progress))
 
 
 # `_fit_structure` as one program, compiled once per structure, model function, shapes and options (the arrays are

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linops._progress import new_bar, tick
 from posteriors.laplace_family import LaplacePosterior, _canonical_prior, _noise_scale, gaussian_loss
 
 
@@ -41,7 +42,7 @@ def marginal_log_likelihood(post: LaplacePosterior, prior_precision=None, sigma=
             or a traced array of the same shape.
         sigma: a new Gaussian noise standard deviation (a scalar; default the posterior's).
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> import posteriors as pst
         >>> from linops.likelihoods import Gaussian
@@ -77,7 +78,7 @@ def _leaf_starts(post):
 
 def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik", prior_structure: str = "scalar",
                              tune_sigma: bool = False, num_steps: int = 200, learning_rate: float = 0.1,
-                             validation=None, grid=None, link: str = "probit"):
+                             validation=None, grid=None, link: str = "probit", progress: bool = True):
     r"""Tune the prior precision (and, for a Gaussian likelihood, $\sigma$): the refitted posterior and a report.
 
     Args:
@@ -94,12 +95,14 @@ def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik",
         validation: ``(inputs, targets)`` for ``"gridsearch"``.
         grid: candidate scalar precisions (default $10^{-4}, \dots, 10^{4}$, 33 values).
         link: the classification predictive of ``"gridsearch"`` (see `posteriors.predictive.nll`).
+        progress: a progress bar over Adam's steps or the grid on stderr, shown once the tuning runs
+            longer than two seconds; False silences it.
 
     Returns:
         ``(posterior, report)``: ``report`` holds ``"prior_precision"``, ``"sigma"`` and the
         trace (``"log_marginal_likelihood"`` per step, or ``"grid"`` and ``"nll"``).
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> import posteriors as pst
         >>> from linops.likelihoods import Gaussian
@@ -113,8 +116,9 @@ def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik",
     """
     who = "optimize_prior_precision"
     _check(post, who)
+    label = f"{who}(method={method!r})" if progress else None
     if method == "gridsearch":
-        return _gridsearch(post, validation, grid, link, who)
+        return _gridsearch(post, validation, grid, link, who, label)
     if method != "marglik":
         raise ValueError(f"{who}: method must be 'marglik' or 'gridsearch', got {method!r}")
     import optax
@@ -154,13 +158,14 @@ def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik",
 
     @jax.jit
     def run(theta):
-        def step(carry, _):
+        def step(carry, i):
             th, state = carry
             value, grads = jax.value_and_grad(objective)(th)
             updates, state = opt.update(grads, state, th)
+            tick(label, i + 1, num_steps, unit="step", note=(lambda v: f"log evidence {float(v):.6g}", (-value,)))
             return (optax.apply_updates(th, updates), state), -value
 
-        (th, _), trace = jax.lax.scan(step, (theta, opt.init(theta)), None, length=num_steps)
+        (th, _), trace = jax.lax.scan(step, (theta, opt.init(theta)), jnp.arange(num_steps))
         return th, trace, -objective(th)
 
     theta, trace, final = run(theta)
@@ -181,7 +186,7 @@ def _with_subset_prior(post, alpha, sigma):
     return base.with_prior(None, sigma) if sigma is not None else base.with_prior(None)
 
 
-def _gridsearch(post, validation, grid, link, who):
+def _gridsearch(post, validation, grid, link, who, label=None):
     from posteriors.predictive import nll
 
     if not (isinstance(validation, tuple) and len(validation) == 2):
@@ -190,7 +195,15 @@ def _gridsearch(post, validation, grid, link, who):
     if grid.ndim != 1 or grid.shape[0] < 2 or not bool(jnp.all(grid > 0)):
         raise ValueError(f"{who}: grid must be a 1-D array of at least two positive precisions, got {grid}")
     Xv, Yv = validation
-    values = jnp.stack([nll(_with_subset_prior(post, a, None), Xv, Yv, link=link) for a in grid])
+    bar = new_bar(label, grid.shape[0], "value") if label else None
+    values = []
+    for a in grid:
+        values.append(nll(_with_subset_prior(post, a, None), Xv, Yv, link=link))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    values = jnp.stack(values)
     best = int(jnp.nanargmin(values))
     if best in (0, grid.shape[0] - 1):
         warnings.warn(f"{who}: the best prior precision {float(grid[best]):.3g} is at the "

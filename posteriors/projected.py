@@ -98,7 +98,7 @@ def optimal_prior_precision(projection: lo.AlternatingProjectionOp, theta, key, 
     instead of paying for new projections. Returns ``(alpha, estimate)``; ``estimate`` carries the
     trace's standard error.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp, linops as lo
         >>> from posteriors.projected import optimal_prior_precision
         >>> Pi = lo.AlternatingProjectionOp.from_matrix(jnp.array([[1.0, 0.0]]), batch_size=1)
@@ -187,10 +187,11 @@ def projected_posterior(fn, params, data, *, batch_size: int, prior_precision=1.
         prior_precision: a positive number, or ``"optimal"`` ($r/\|\theta^*\|^2$, needs ``key``).
         num_trace_samples: Hutchinson samples for $\operatorname{Tr}\Pi$.
         projection_options: ``method``, ``max_sweeps``, ``rtol``, ``cutoff``, ``store_linearization``,
-            ``progress``, and ``mesh``, ``axis``, ``split_sweeps`` (the batches' factors built and kept on
-            the devices of a mesh) of `AlternatingProjectionOp`.
+            ``progress`` (here True by default: a bar per projection that runs longer than two seconds;
+            False silences it), and ``mesh``, ``axis``, ``split_sweeps`` (the batches' factors built and
+            kept on the devices of a mesh) of `AlternatingProjectionOp`.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> import posteriors as pst
         >>> fn = lambda w, x: (x @ w)[None]
@@ -204,6 +205,7 @@ def projected_posterior(fn, params, data, *, batch_size: int, prior_precision=1.
     _check_prior(prior_precision, key, "projected_posterior")
     inputs = data[0] if isinstance(data, tuple) else data
     check_finite(inputs, "projected_posterior", "the inputs")
+    projection_options.setdefault("progress", True)
     projection = lo.AlternatingProjectionOp.from_jacobian(fn, params, inputs, batch_size=batch_size,
                                                           **projection_options)
     return _build(fn, params, projection, prior_precision, key, num_trace_samples)
@@ -214,8 +216,9 @@ def loss_projected_posterior(fn, params, data, likelihood, *, batch_size: int, p
     r"""The loss-projected posterior $\mathcal N(\theta^*, \alpha^{-1}\Pi_{\ker J_L})$ (section 4.1).
 
     One row per example whatever the number of outputs; $\ker J \subseteq \ker J_L$ (lemma 4.2).
+    The arguments are `projected_posterior`'s, with the targets in ``data`` and the ``likelihood``.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> import posteriors as pst
         >>> from linops.likelihoods import Gaussian
@@ -230,6 +233,7 @@ def loss_projected_posterior(fn, params, data, likelihood, *, batch_size: int, p
     check_params(params, "loss_projected_posterior")
     _check_prior(prior_precision, key, "loss_projected_posterior")
     inputs, targets = data
+    projection_options.setdefault("progress", True)
     projection = lo.AlternatingProjectionOp.from_loss_jacobian(fn, params, inputs, targets, likelihood,
                                                                batch_size=batch_size, **projection_options)
     return _build(fn, params, projection, prior_precision, key, num_trace_samples)

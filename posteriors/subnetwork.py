@@ -13,7 +13,7 @@ function, while SWAG's iterates never move them.
 $J E_s$ from derivatives of the model restricted to the subset (`linops.models.restrict`:
 never the full Jacobian sliced afterwards) and $\lambda_S = \lambda S / P$ (appendix C).
 
-Example:
+Examples:
     >>> import jax, jax.numpy as jnp
     >>> import posteriors as pst
     >>> from linops.likelihoods import Gaussian
@@ -37,7 +37,7 @@ import numpy as np
 import linops as lo
 from linops.likelihoods import Likelihood
 from linops.memory import check_fits, format_bytes
-from linops.models import check_indices, ravel, restrict
+from linops.models import canonical_convolutions, check_indices, ravel, restrict
 from posteriors import _structures as S
 from posteriors._checks import check_data, check_likelihood, check_params
 from posteriors.laplace_family import LaplacePosterior, _canonical_prior, last_layer_leaves, make_posterior
@@ -101,7 +101,7 @@ def _top(scores, size, key=None):
 def from_indices(params, indices) -> Subnetwork:
     """A subnetwork given by flat indices (checked: in range, no duplicates).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from posteriors.subnetwork import from_indices
         >>> from_indices(jnp.zeros(5), [4, 0]).indices
@@ -118,7 +118,7 @@ def largest_variance(params, variances, size: int, *, key: jax.Array | None = No
     every training input) all have exactly the prior variance: the rule cannot rank them. Ties
     go in index order, or in a random order drawn with ``key``.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from posteriors.subnetwork import largest_variance
         >>> largest_variance(jnp.zeros(4), jnp.array([0.1, 5.0, 2.0, 0.3]), 2).indices
@@ -138,7 +138,7 @@ def diagonal_laplace(fn, params, data, likelihood: Likelihood, size: int, *, pri
 
     Ties (weights without any data gradient) go in index order, or at random with ``key``.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from posteriors.subnetwork import diagonal_laplace
         >>> from linops.likelihoods import Gaussian
@@ -163,7 +163,7 @@ def swag(fn, params, data, likelihood: Likelihood, size: int, *, key: jax.Array,
     at ``params``; every ``collect_every`` steps the iterate enters running first and second
     moments, and the variance is $\overline{\theta^2} - \bar\theta^2$.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from posteriors.subnetwork import swag
         >>> from linops.likelihoods import Gaussian
@@ -206,7 +206,7 @@ def swag(fn, params, data, likelihood: Likelihood, size: int, *, key: jax.Array,
             return (th, state, m1, m2, count + take, t + 1), None
 
         init = (theta, opt.init(theta), jnp.zeros_like(theta), jnp.zeros_like(theta), jnp.asarray(0), jnp.asarray(0))
-        (_, _, m1, m2, count, _), _ = jax.lax.scan(step, init, jax.random.split(key, num_steps))
+        (_, _, m1, m2, count, _), _ = jax.lax.scan(canonical_convolutions(step), init, jax.random.split(key, num_steps))
         mean = m1 / count
         return jnp.clip(m2 / count - mean**2, 0.0)
 
@@ -217,7 +217,7 @@ def swag(fn, params, data, likelihood: Likelihood, size: int, *, key: jax.Array,
 def largest_magnitude(params, size: int) -> Subnetwork:
     """The ``size`` parameters of largest absolute value (a baseline).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from posteriors.subnetwork import largest_magnitude
         >>> largest_magnitude(jnp.array([0.5, -4.0, 1.0]), 1).indices
@@ -231,7 +231,7 @@ def largest_magnitude(params, size: int) -> Subnetwork:
 def random(key: jax.Array, params, size: int) -> Subnetwork:
     """``size`` parameters uniformly at random, without replacement (a baseline; explicit ``key``).
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from posteriors.subnetwork import random
         >>> random(jax.random.key(0), jnp.zeros(10), 3).size
@@ -251,7 +251,7 @@ def _leaf_indices(params, chosen):
 def last_layer(params, last_layer: str | None = None) -> Subnetwork:
     """The last layer's parameters (found as `posteriors.last_layer_leaves` does, or named).
 
-    Example:
+    Examples:
         >>> import jax, equinox as eqx
         >>> from posteriors.subnetwork import last_layer
         >>> from linops.models import from_equinox
@@ -265,7 +265,7 @@ def last_layer(params, last_layer: str | None = None) -> Subnetwork:
 def by_name(params, prefix: str) -> Subnetwork:
     """Every parameter whose path (``"layers.0.weight"``) starts with ``prefix``.
 
-    Example:
+    Examples:
         >>> import jax, equinox as eqx
         >>> from posteriors.subnetwork import by_name
         >>> from linops.models import from_equinox
@@ -279,7 +279,7 @@ def by_name(params, prefix: str) -> Subnetwork:
 def size_for_memory(memory_bytes: int, *, dtype=jnp.float32) -> int:
     """The largest $S$ whose `subnetwork_laplace` arrays fit in ``memory_bytes``.
 
-    Example:
+    Examples:
         >>> from posteriors.subnetwork import size_for_memory
         >>> size_for_memory(7_200_000_000)            # the paper's 7.2 GB, float32
         24494
@@ -318,7 +318,7 @@ def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Sub
         ValueError: a subnetwork of another parameter count; `linops.memory.MemoryBudgetError`
             when its ``S x S`` arrays cannot fit (see `Subnetwork.memory_bytes`, `size_for_memory`).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> import posteriors as pst
         >>> from linops.likelihoods import Gaussian

@@ -19,14 +19,13 @@ Two ways to apply the projector $\Pi$:
 
 from __future__ import annotations
 
-import sys
 import warnings
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from linops import _tags
+from linops import _progress, _tags
 from linops._base import LinearOperator, describe, new_key
 from linops._cg import cg
 from linops.nn import _sweeps
@@ -83,10 +82,10 @@ class AlternatingProjectionOp(LinearOperator):
         store_linearization: keep each batch's linearisation for the sweeps (True), recompute the
             forward pass in every sweep (False), or (None, default) keep it when it fits in memory.
             `stores_linearization` says which was chosen.
-        progress: show the projection's progress on stderr: one line per projection (of a vector or of
-            a block of them) that is rewritten in place at every sweep, with the sweep count and the
-            residual (the largest over a block's columns), and ended with the outcome. Off by default;
-            it adds a host callback per sweep.
+        progress: a progress bar per projection (of a vector or of a block of them) on stderr
+            (`tqdm`; shown once a projection runs longer than two seconds), advanced at every sweep
+            with the residual (the largest over a block's columns) and ended with the outcome. Off by
+            default; it adds a host callback per sweep.
         mesh: a `jax.sharding.Mesh` to split the batches over along ``axis`` (default None: one
             device). Each device builds the Grams, factors and linearisations of its own batches and
             keeps them: they are stored split over the devices, never gathered on one. When the
@@ -106,7 +105,7 @@ class AlternatingProjectionOp(LinearOperator):
             contracts less than the full product, so it takes more sweeps, each costing $1/D$ of
             one (`benchmarks/scaling.py` measures both).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> M = jnp.array([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
         >>> Pi = lo.AlternatingProjectionOp.from_matrix(M, batch_size=1)
@@ -205,7 +204,7 @@ class AlternatingProjectionOp(LinearOperator):
         if block:
             sweep = lambda v, symmetric=False: jax.vmap(  # noqa: E731
                 lambda u: self._sweep(u, symmetric), in_axes=1, out_axes=1)(v)
-        report = _Progress(x.shape[1] if block else 1, self.method) if self.progress else None
+        report = _Progress(x.shape[1] if block else 1, self.method, self.max_sweeps) if self.progress else None
         if self.method == "plain":
             value, sweeps, converged, history = _sweeps.repeat(sweep, x, self.max_sweeps, self.rtol,
                                                                report and report.step)
@@ -268,7 +267,7 @@ class AlternatingProjectionOp(LinearOperator):
         each column still stops on its own rule.
         ``A @ V`` is this method's ``value``.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp, linops as lo
             >>> Pi = lo.AlternatingProjectionOp.from_matrix(jnp.array([[1.0, 0.0, 0.0]]), batch_size=1)
             >>> r = Pi.project_samples(jnp.ones((3, 2)))
@@ -341,26 +340,23 @@ FEW_FREE_DIRECTIONS = 0.5
 
 
 class _Progress:
-    """One line on stderr per projection, rewritten in place at every sweep and ended when it finishes."""
+    """A progress bar per projection (`linops._progress`), advanced at every sweep and closed with the outcome."""
 
-    def __init__(self, columns, method):
-        self.what = f"{columns} vectors" if columns > 1 else "1 vector"
+    def __init__(self, columns, method, max_sweeps):
+        what = f"{columns} vectors" if columns > 1 else "1 vector"
+        self.label = f"AlternatingProjectionOp ({what})"
         self.measure = "residual" if method == "cg" else "change"
         self.offset = 1 if method == "cg" else 0  # CG's steps follow the sweep that forms its right-hand side
-        self.width = 0
-
-    def _write(self, text, end=""):
-        print("\r" + text.ljust(self.width), end=end, file=sys.stderr, flush=True)
-        self.width = 0 if end else max(self.width, len(text))
+        self.total = int(max_sweeps) + self.offset
 
     def step(self, sweep, residual):
-        self._write(f"AlternatingProjectionOp: {self.what}, sweep {int(sweep) + self.offset}, {self.measure} "
-                    f"{float(residual):.2e}")
+        _progress.update(self.label, "sweep", int(sweep) + self.offset, self.total,
+                         f"{self.measure} {float(residual):.2e}")
 
     def done(self, sweeps, residual, converged):
         state = "converged" if converged else "NOT converged"
-        self._write(f"AlternatingProjectionOp: {self.what}, {state} after {int(sweeps)} sweeps, "
-                    f"{self.measure} {float(residual):.2e}", end="\n")
+        _progress.finish(self.label, f"{state} after {int(sweeps)} sweeps, {self.measure} {float(residual):.2e}",
+                         done=int(sweeps))
 
 
 __all__ = ["AlternatingProjectionOp", "Projection"]

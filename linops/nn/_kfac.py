@@ -95,7 +95,7 @@ def find_layers(fn: Callable, params, x) -> tuple[FoundLayer, ...]:
         params: the params pytree.
         x: one example (no leading example axis).
 
-    Example:
+    Examples:
         >>> import jax, equinox as eqx, linops as lo
         >>> fn, params = lo.models.from_equinox(eqx.nn.MLP(3, 2, 8, 1, key=jax.random.key(0)))
         >>> tuple((L.kind, L.weight, L.bias) for L in lo.nn.find_layers(fn, params, jax.numpy.ones(3)))
@@ -125,7 +125,8 @@ def _check_factors_fit(layers, params, who):
 
 
 def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, approximation: str = "expand",
-         batch_size: int | None = None, mesh=None, axis: str = "data", other_diagonal: bool = False) -> KFAC:
+         batch_size: int | None = None, mesh=None, axis: str = "data", other_diagonal: bool = False,
+         progress: str | None = None) -> KFAC:
     r"""KFAC factors of the GGN of ``fn`` at ``params`` over the data: one pass over the batches.
 
     Args:
@@ -144,8 +145,10 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, appro
         axis: the mesh axis the examples are split along (default ``"data"``).
         other_diagonal: also the exact GGN diagonal of the leaves in no recognised layer (norm scales,
             embeddings), from the same reverse passes (``KFAC.other_diagonals``).
+        progress: a label: a progress bar over the batches under that label (once the pass runs longer
+            than two seconds); None (default): no bar.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp, linops as lo
         >>> fn = lambda p, x: p["W"] @ x + p["b"]           # a dense layer, (out, in) = (2, 3)
         >>> p = {"W": jnp.zeros((2, 3)), "b": jnp.zeros(2)}
@@ -206,7 +209,7 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, appro
             Bs.append(jnp.einsum("rgi,rgj->gij", g, g))
         return As, Bs, biases, [jnp.sum(d, axis=0) for d in other_squares]
 
-    As, Bs, biases, other_diagonals = sharded_sum(batch, (inputs, targets, lik), batch_size, mesh, axis)
+    As, Bs, biases, other_diagonals = sharded_sum(batch, (inputs, targets, lik), batch_size, mesh, axis, progress)
     factors = []
     for L, A, B in zip(layers, As, Bs, strict=True):
         A = A / (n * L.positions if approximation == "expand" else n)

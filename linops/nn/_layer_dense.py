@@ -67,7 +67,7 @@ def dense_chunk(plan, batch_size) -> int:
     return max(1, min(batch_size, _BUDGET // widest))
 
 
-def layer_dense_ggn(plan, likelihood, inputs, targets, chunk, mesh, axis):
+def layer_dense_ggn(plan, likelihood, inputs, targets, chunk, mesh, axis, progress=None):
     """The exact dense GGN (``P x P``, the leaf order of ``ravel``) of a `dense_only` plan, ``chunk`` examples
     per batch."""
     layers, tapped, leaves, _ = plan
@@ -97,7 +97,7 @@ def layer_dense_ggn(plan, likelihood, inputs, targets, chunk, mesh, axis):
         return blocks
 
     lik = likelihood if likelihood.per_example else None
-    blocks = sharded_sum(batch, (inputs, targets, lik), chunk, mesh, axis)
+    blocks = sharded_sum(batch, (inputs, targets, lik), chunk, mesh, axis, progress)
     rows = [[None] * len(leaves) for _ in leaves]
     for (s, t), M in zip(pairs, blocks, strict=True):
         (ls, bs), (lt, bt) = pieces[s], pieces[t]

@@ -83,7 +83,7 @@ def _example_fn(plan, likelihood, num_outputs, per_block):
     return example
 
 
-def layer_diag(plan, likelihood, inputs, targets, num_outputs, batch_size, mesh, axis):
+def layer_diag(plan, likelihood, inputs, targets, num_outputs, batch_size, mesh, axis, progress=None):
     """The exact GGN diagonal as a flat vector (leaf order of ``ravel``), from a `layer_plan`."""
     layers, _, leaves, others = plan
     per_row = _row_numbers(layers, leaves, others)
@@ -102,7 +102,7 @@ def layer_diag(plan, likelihood, inputs, targets, num_outputs, batch_size, mesh,
         return (weights, [None if b is None else jnp.sum(b, axis=0) for b in biases],
                 [jnp.sum(r, axis=0) for r in rest])
 
-    weights, biases, rest = sharded_sum(batch, (inputs, targets, lik), chunk, mesh, axis)
+    weights, biases, rest = sharded_sum(batch, (inputs, targets, lik), chunk, mesh, axis, progress)
     per_leaf = [None] * len(leaves)
     for L, w, b in zip(layers, weights, biases, strict=True):  # w: (G, out, in) in patch order
         if L.in_perm is not None:

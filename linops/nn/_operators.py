@@ -97,9 +97,13 @@ class _ModelOperator(LinearOperator):
     uid: int = eqx.field(static=True)
     mesh: object = eqx.field(static=True)
     axis: str = eqx.field(static=True)
+    progress: str | None = eqx.field(static=True)
 
-    def _init_model(self, fn, params, inputs, batch_size, who, mesh=None, axis="data"):
+    def _init_model(self, fn, params, inputs, batch_size, who, mesh=None, axis="data", progress=None):
         _check_batch_size(batch_size, who)
+        if progress is not None and not isinstance(progress, str):
+            raise TypeError(f"{who}: progress must be a label (str) or None, got {type(progress).__name__}")
+        self.progress = progress
         self.mesh, self.axis = _check_mesh(mesh, axis, who)
         n, o = _check_model(fn, params, inputs, who)
         flat, unravel = ravel(params)
@@ -114,9 +118,10 @@ class _ModelOperator(LinearOperator):
     def dtype(self):
         return self.dtype_
 
-    def _sum(self, fn, data, batch_size):
-        """Sum of ``fn`` over batches; split over ``mesh``'s devices (and ``psum``-reduced) when there is one."""
-        return sharded_sum(fn, data, batch_size, self.mesh, self.axis)
+    def _sum(self, fn, data, batch_size, progress=None):
+        """Sum of ``fn`` over batches; split over ``mesh``'s devices (and ``psum``-reduced) when there is one;
+        ``progress``: a progress bar's label."""
+        return sharded_sum(fn, data, batch_size, self.mesh, self.axis, progress)
 
     def _map(self, fn, data, batch_size):
         """``fn`` over batches, concatenated; split over ``mesh``'s devices when there is one."""
@@ -148,7 +153,7 @@ class JacobianOp(_ModelOperator):
             over its share in batches, and sums are reduced with ``psum``); None (default) for one device.
         axis: the mesh axis the examples are split along (default ``"data"``).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> fn = lambda w, x: jnp.tanh(x @ w)[None]            # one output
         >>> J = lo.JacobianOp(fn, jnp.zeros(2), jnp.array([[1.0, 2.0], [3.0, 4.0]]))
@@ -192,8 +197,9 @@ class _LikelihoodOperator(_ModelOperator):
     targets: object
     likelihood: Likelihood
 
-    def _init_lik(self, fn, params, inputs, targets, likelihood, batch_size, who, mesh=None, axis="data"):
-        self._init_model(fn, params, inputs, batch_size, who, mesh, axis)
+    def _init_lik(self, fn, params, inputs, targets, likelihood, batch_size, who, mesh=None, axis="data",
+                  progress=None):
+        self._init_model(fn, params, inputs, batch_size, who, mesh, axis, progress)
         _check_likelihood(likelihood, who)
         try:
             nt = num_examples(targets)
@@ -245,8 +251,10 @@ class GGNOp(_LikelihoodOperator):
         mesh: a `jax.sharding.Mesh` to split the examples over (data parallel: each device streams
             over its share in batches, and sums are reduced with ``psum``); None (default) for one device.
         axis: the mesh axis the examples are split along (default ``"data"``).
+        progress: a label: ``as_matrix()`` and ``lo.diag(G)`` then show a progress bar over the batches
+            under that label (once they run longer than two seconds); None (default): no bar.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> fn = lambda w, x: (x @ w)[None]                    # linear regression
         >>> X = jnp.array([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0]])
@@ -257,8 +265,8 @@ class GGNOp(_LikelihoodOperator):
     """
 
     def __init__(self, fn, params, inputs, targets, likelihood: Likelihood, *, batch_size: int | None = None,
-                 mesh=None, axis: str = "data"):
-        self._init_lik(fn, params, inputs, targets, likelihood, batch_size, "GGNOp", mesh, axis)
+                 mesh=None, axis: str = "data", progress: str | None = None):
+        self._init_lik(fn, params, inputs, targets, likelihood, batch_size, "GGNOp", mesh, axis, progress)
 
     @property
     def shape(self):
@@ -305,7 +313,7 @@ class GGNOp(_LikelihoodOperator):
             # Kronecker blocks: K times fewer flops than the rows, and no more batches each adding a P x P sum
             # (wide layers, out > K, would need smaller batches: then the rows)
             return layer_dense_ggn(plan, self.likelihood, self.inputs, self.targets, block_chunk, self.mesh,
-                                   self.axis)
+                                   self.axis, self.progress)
         lik, axis = self._lik_axis()
 
         def example(x, y, lik_n):  # (K, P): the rows of A_n J_n, from the one forward pass of the VJP
@@ -318,7 +326,7 @@ class GGNOp(_LikelihoodOperator):
             rows = jax.vmap(example, in_axes=(0, 0, axis))(xb, yb, lb if axis == 0 else None).reshape(-1, P)
             return rows.T @ rows
 
-        return self._sum(batch, self._data(), chunk)
+        return self._sum(batch, self._data(), chunk, self.progress)
 
     def _diag(self):
         # The dense and convolutional layers found in fn's program get their blocks by per-layer rules (no
@@ -326,7 +334,7 @@ class GGNOp(_LikelihoodOperator):
         plan = layer_plan(self.fn, self.params, jax.tree_util.tree_map(lambda a: a[0], self.inputs))
         if plan is not None:
             return layer_diag(plan, self.likelihood, self.inputs, self.targets, self.num_outputs, self.batch_size,
-                              self.mesh, self.axis)
+                              self.mesh, self.axis, self.progress)
         return self._diag_by_gradients()
 
     def _diag_by_gradients(self):
@@ -353,7 +361,7 @@ class GGNOp(_LikelihoodOperator):
 
             return jnp.sum(jax.vmap(example)(xb, factors), axis=0)
 
-        return self._sum(batch, self._data(), chunk)
+        return self._sum(batch, self._data(), chunk, self.progress)
 
 
 class LossJacobianOp(_LikelihoodOperator):
@@ -364,7 +372,7 @@ class LossJacobianOp(_LikelihoodOperator):
     loss-projected posterior (one row per example, whatever ``O``).
     ``batch_size``, ``mesh`` and ``axis`` are as for `GGNOp`.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> fn = lambda w, x: (x @ w)[None]
         >>> X, y = jnp.array([[1.0, 2.0]]), jnp.array([[1.0]])

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable
 
 import equinox as eqx
 import jax
 import numpy as np
 
-from linops import _tags
+from linops import _progress, _tags
 from linops._base import LinearOperator, new_key
 from linops.nn._operators import _check_likelihood, _check_model, ggn_batch_product
 from linops.nn.likelihoods import Likelihood
@@ -48,9 +47,10 @@ class StreamingGGNOp(LinearOperator):
         batches: a sequence of ``(inputs, targets)`` pairs, or a function returning a fresh
             iterator of them (a generator is read once per product, so it must be restartable).
         likelihood: a likelihood without per-example parameters.
-        progress: write a progress line to stderr during each product.
+        progress: a progress bar over the batches of each product on stderr (`tqdm`; shown once a
+            product runs longer than two seconds).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> fn = lambda w, x: (x @ w)[None]
         >>> batches = [(jnp.array([[1.0, 0.0], [1.0, 1.0]]), jnp.zeros((2, 1))),
@@ -124,13 +124,14 @@ class StreamingGGNOp(LinearOperator):
     def mv(self, v):
         t = self.unravel(v)
         total = None
-        for i, (xb, yb) in enumerate(self._iter()):
+        bar = _progress.new_bar("StreamingGGNOp product", self.num_batches, "batch") if self.progress else None
+        for xb, yb in self._iter():
             part = _batch_kernel(self.fn, self.params, t, xb, yb, self.likelihood)
             total = part if total is None else total + part
-            if self.progress:
-                print(f"\rStreamingGGNOp: batch {i + 1}/{self.num_batches}", end="", file=sys.stderr, flush=True)
-        if self.progress:
-            print(file=sys.stderr, flush=True)
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
         return total
 
     rmv = mv

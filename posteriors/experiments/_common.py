@@ -12,13 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from linops.models import ravel
-
-METHODS = ("map", "full", "diag", "last_layer", "kfac", "lowrank", "subnetwork", "projected", "loss_projected",
-           "fsp")
-LABELS = {"map": "MAP", "full": "Full Laplace", "diag": "Diagonal Laplace", "last_layer": "Last-layer Laplace",
-          "kfac": "KFAC Laplace", "lowrank": "Low-rank Laplace", "subnetwork": "Subnetwork Laplace",
-          "projected": "Projected", "loss_projected": "Loss-projected", "fsp": "FSP-Laplace"}
+from linops._progress import update
+from linops.models import canonical_convolutions, ravel
+from posteriors.experiments.methods import LABELS, METHODS  # noqa: F401  (re-exported to the experiments)
 
 
 def check_methods(methods) -> tuple:
@@ -41,16 +37,10 @@ class Log:
             print(f"[{time.perf_counter() - self.start:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
     def bar(self, label: str, done: int, total: int, extra: str = "") -> None:
-        """A one-line progress bar, redrawn in place on a terminal (a line per quarter otherwise)."""
-        if self.quiet:
-            return
-        width = 24
-        filled = int(width * done / max(total, 1))
-        line = f"\r  {label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {extra}"
-        if sys.stderr.isatty():
-            print(line, end="\n" if done >= total else "", file=sys.stderr, flush=True)
-        elif done == total or done % max(total // 4, 1) == 0:
-            print(line.lstrip("\r"), file=sys.stderr, flush=True)
+        """The progress bar ``label`` at ``done`` of ``total`` steps (`linops._progress`: tqdm, in place on a
+        terminal and in notebooks, a few lines in a log), ``extra`` beside it; closed at ``total``."""
+        if not self.quiet:
+            update(f"  {label}", "step", done, total, extra)
 
 
 def train_map(fn, params, X, Y, likelihood, prior_precision, *, steps, learning_rate, key, batch_size=None,
@@ -79,7 +69,7 @@ def train_map(fn, params, X, Y, likelihood, prior_precision, *, steps, learning_
             updates, st = opt.update(grads, st, th)
             return (optax.apply_updates(th, updates), st), value
 
-        (theta, state), values = jax.lax.scan(step, (theta, state), keys)
+        (theta, state), values = jax.lax.scan(canonical_convolutions(step), (theta, state), keys)
         return theta, state, values
 
     state = opt.init(flat)

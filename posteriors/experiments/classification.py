@@ -32,12 +32,11 @@ import posteriors as pst
 from linops.kernels import RBF
 from linops.likelihoods import Categorical
 from linops.memory import MemoryBudgetError
-from linops.models import from_equinox, ravel
+from linops.models import canonical_convolutions, from_equinox, ravel
 from posteriors import data as pdata
 from posteriors import metrics
 from posteriors.experiments._common import LABELS, METHODS, Log, check_methods, pyplot, train_map, write_table
-
-DEFAULT_METHODS = tuple(m for m in METHODS if m != "full")
+from posteriors.experiments.methods import DEFAULT_METHODS
 
 
 @dataclasses.dataclass
@@ -100,21 +99,23 @@ def fit(method: str, fn, params, train, cfg: Config, log: Log):
     lik = Categorical()
     prior = cfg.prior_precision
     key = jax.random.key(cfg.seed + 17)
-    tune = lambda post: pst.optimize_prior_precision(post, num_steps=cfg.marglik_steps)[0]  # noqa: E731
+    bars = not log.quiet  # progress bars of the long fits
+    tune = lambda post: pst.optimize_prior_precision(post, num_steps=cfg.marglik_steps, progress=bars)[0]  # noqa: E731
     if method == "map":
         return None
     if method in ("full", "diag", "last_layer", "kfac"):
-        return tune(pst.laplace(fn, params, train, lik, structure=method, prior_precision=prior, batch_size=256))
+        return tune(pst.laplace(fn, params, train, lik, structure=method, prior_precision=prior, batch_size=256,
+                                progress=bars))
     if method == "lowrank":
         return tune(pst.laplace(fn, params, train, lik, structure="lowrank", rank=cfg.lowrank, key=key,
-                                prior_precision=prior, batch_size=256))
+                                prior_precision=prior, batch_size=256, progress=bars))
     if method == "subnetwork":
         size = cfg.subnetwork_size or int(pst.subnetwork.last_layer(params).size)
         sub = pst.subnetwork.diagonal_laplace(fn, params, train, lik, size, prior_precision=prior, key=key)
         return tune(pst.subnetwork_laplace(fn, params, train, lik, sub, prior))
     if method in ("projected", "loss_projected"):
         options = dict(batch_size=cfg.projection_batch, prior_precision="optimal", key=key, num_trace_samples=20,
-                       max_sweeps=cfg.projection_sweeps)
+                       max_sweeps=cfg.projection_sweeps, progress=bars)
         if method == "projected":
             return pst.projected_posterior(fn, params, train, **options)
         return pst.loss_projected_posterior(fn, params, train, lik, **options)
@@ -152,7 +153,7 @@ def _train_fsp(objective, init, train, cfg, log):
             updates, st = opt.update(g, st, p)
             return (optax.apply_updates(p, updates), st), value
 
-        (p, state), values = jax.lax.scan(step, (p, state), keys)
+        (p, state), values = jax.lax.scan(canonical_convolutions(step), (p, state), keys)
         return p, state, values
 
     params, state = init, opt.init(init)

@@ -30,7 +30,7 @@ import optax
 import posteriors as pst
 from linops.kernels import RBF, Matern12, Matern52, Periodic, RationalQuadratic, fit_gp
 from linops.likelihoods import Categorical, Gaussian
-from linops.models import from_equinox
+from linops.models import canonical_convolutions, from_equinox
 from posteriors import data as pdata
 from posteriors.experiments._common import pyplot, train_map, write_table
 
@@ -47,7 +47,7 @@ def train(fn, params, objective, data, *, steps, learning_rate, key, log=None, l
             updates, st = opt.update(grads, st, p)
             return (optax.apply_updates(p, updates), st), value
 
-        (p, st), history = jax.lax.scan(step, (params, state), keys)
+        (p, st), history = jax.lax.scan(canonical_convolutions(step), (params, state), keys)
         return p, st, history
 
     state, keys, history = opt.init(params), jax.random.split(key, steps), []
@@ -246,8 +246,9 @@ def maunaloa(out, quick, log, *, split_year: float = 1991.0):
     map_params = train_map(fn, params0, X, Y, Gaussian(sigma), 1.0, steps=steps, learning_rate=3e-3,
                            key=jax.random.key(14), log=log, label="MAP training")
     lap, report = pst.optimize_prior_precision(
-        pst.laplace(fn, map_params, (X, Y), Gaussian(sigma), structure="full", prior_precision=1.0),
-        tune_sigma=True, num_steps=50 if quick else 200)
+        pst.laplace(fn, map_params, (X, Y), Gaussian(sigma), structure="full", prior_precision=1.0,
+                    progress=not log.quiet),
+        tune_sigma=True, num_steps=50 if quick else 200, progress=not log.quiet)
     lap_mean, lap_var = pst.predictive.linearized(lap, Xt)
     lap_sigma = float(report["sigma"])
     lap_s = time.perf_counter() - t0

@@ -54,7 +54,8 @@ def _fit(method, fn, params, train, cfg, log):
     if method == "map":
         return None
     if method in ("full", "diag", "last_layer", "kfac"):
-        return pst.laplace(fn, params, train, lik, structure=method, prior_precision=prior)
+        return pst.laplace(fn, params, train, lik, structure=method, prior_precision=prior,
+                           progress=not log.quiet)
     if method == "lowrank":
         return pst.laplace(fn, params, train, lik, structure="lowrank", rank=cfg.lowrank, key=key,
                            prior_precision=prior)
@@ -63,9 +64,11 @@ def _fit(method, fn, params, train, cfg, log):
         sub = pst.subnetwork.diagonal_laplace(fn, params, train, lik, size, prior_precision=prior, key=key)
         return pst.subnetwork_laplace(fn, params, train, lik, sub, prior)
     if method == "projected":
-        return pst.projected_posterior(fn, params, train, batch_size=8, prior_precision=prior)
+        return pst.projected_posterior(fn, params, train, batch_size=8, prior_precision=prior,
+                                      progress=not log.quiet)
     if method == "loss_projected":
-        return pst.loss_projected_posterior(fn, params, train, lik, batch_size=8, prior_precision=prior)
+        return pst.loss_projected_posterior(fn, params, train, lik, batch_size=8, prior_precision=prior,
+                                      progress=not log.quiet)
     if method == "fsp":
         from posteriors.experiments.fsp import train_fsp
 

@@ -32,6 +32,7 @@ from posteriors.experiments._common import pyplot, train_map
 
 
 def toy_regression(out, quick, log):
+    bars = not log.quiet  # progress bars of the long fits
     plt = pyplot()
     n = 80
     X, Y = pdata.inbetween(jax.random.key(0), n)
@@ -42,14 +43,14 @@ def toy_regression(out, quick, log):
     P = ravel(params)[0].shape[0]
     grid = jnp.linspace(-3.0, 3.0, 300)[:, None]
     data, lik = (X, Y), Gaussian(sigma)
-    full = pst.laplace(fn, params, data, lik, structure="full", prior_precision=prior)
+    full = pst.laplace(fn, params, data, lik, structure="full", prior_precision=prior, progress=bars)
     marginals = jnp.diag(full.covariance.as_matrix())  # exact marginal variances: tractable at this size
     # weights no training input constrains (ReLU units inactive on all the data) all sit exactly at
     # the prior variance: the rule cannot rank them, so ties are broken at random
     ties = int(jnp.sum(jnp.abs(marginals - 1.0 / prior) <= 1e-6 / prior))
-    last = pst.laplace(fn, params, data, lik, structure="last_layer", prior_precision=prior)
+    last = pst.laplace(fn, params, data, lik, structure="last_layer", prior_precision=prior, progress=bars)
     posts = {f"Full cov ({P})": full,
-             f"Diag ({P})": pst.laplace(fn, params, data, lik, structure="diag", prior_precision=prior),
+             f"Diag ({P})": pst.laplace(fn, params, data, lik, structure="diag", prior_precision=prior, progress=bars),
              f"Final layer ({last.subset.shape[0]})": last}
     for frac in (0.5, 0.03, 0.01):
         S = int(round(frac * P))
@@ -89,6 +90,7 @@ def toy_regression(out, quick, log):
 
 
 def rotated_digits(out, quick, log):
+    bars = not log.quiet
     plt = pyplot()
     images, labels = pdata.digits()
     rng = np.random.default_rng(0)
@@ -101,16 +103,17 @@ def rotated_digits(out, quick, log):
                        key=jax.random.key(4), batch_size=128)
     P = ravel(params)[0].shape[0]
     data, lik = (Xtr, ytr), Categorical()
-    last = pst.laplace(fn, params, data, lik, structure="last_layer", prior_precision=prior)
+    last = pst.laplace(fn, params, data, lik, structure="last_layer", prior_precision=prior, progress=bars)
     S = int(last.subset.shape[0])  # equal memory: subnetworks of the last layer's size
     swag = pst.subnetwork.swag(fn, params, data, lik, S, key=jax.random.key(5), num_steps=300 if quick else 2000,
                                learning_rate=1e-3, batch_size=64)
     rand = pst.subnetwork.random(jax.random.key(6), params, S)
-    posts = {"Diag": pst.laplace(fn, params, data, lik, structure="diag", prior_precision=prior), "Last layer": last,
+    posts = {"Diag": pst.laplace(fn, params, data, lik, structure="diag", prior_precision=prior, progress=bars),
+             "Last layer": last,
              f"Subnet SWAG-Wass ({S})": pst.subnetwork_laplace(fn, params, data, lik, swag, prior),
              f"Subnet random ({S})": pst.subnetwork_laplace(fn, params, data, lik, rand, prior)}
     for name in posts:  # every method's prior precision tuned by the evidence
-        posts[name], _ = pst.optimize_prior_precision(posts[name], num_steps=100)
+        posts[name], _ = pst.optimize_prior_precision(posts[name], num_steps=100, progress=bars)
     angles = [0, 30, 60, 90] if quick else [0, 15, 30, 45, 60, 75, 90, 120, 150, 180]
     results = {name: {"log_likelihood": [], "ece": []} for name in ["MAP", *posts]}
     for angle in angles:

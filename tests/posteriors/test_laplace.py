@@ -258,7 +258,7 @@ def test_save_and_load_reproduce_samples_bit_for_bit(structure, tmp_path):
     assert bool(jnp.all(back.sample(key, 5) == post.sample(key, 5)))
     assert float(pst.marginal_log_likelihood(back)) == float(pst.marginal_log_likelihood(post))
     other = "diag" if structure != "diag" else "full"
-    with pytest.raises(ValueError, match="differ from the template"):
+    with pytest.raises(ValueError, match="does not match the template"):
         pst.load(tmp_path / "post.eqx", eqx.filter_eval_shape(pst.laplace, *args, structure=other))
 
 
@@ -450,3 +450,27 @@ def test_kfac_of_a_multi_output_linear_gaussian_model_is_exact_in_row_major_orde
     assert_close(var, np.stack([np.diag(J @ Sigma @ J.T) for J in Jt]), rtol=1e-10)
     _, cov = pst.predictive.linearized(post, jnp.asarray(T), output_covariance=True)  # the covariance's products
     assert_close(cov, np.stack([J @ Sigma @ J.T for J in Jt]), rtol=1e-10)
+
+
+def test_fit_shows_a_progress_bar_over_the_batches_that_can_be_silenced(capsys, monkeypatch):
+    """``laplace(..., progress=True)`` (the default) draws one bar per fit over the data's batches, ending at
+    their count; ``progress=False`` draws none, and a fit quicker than the bar's delay prints nothing."""
+    import linops._progress
+    from linops.models import from_equinox
+
+    X = jax.random.normal(jax.random.key(0), (100, 4))
+    y = (X[:, 0] > 0).astype(jnp.int32)
+    fn, params = from_equinox(eqx.nn.MLP(4, 3, 8, 2, key=jax.random.key(1)))
+    fit = lambda s, **kw: pst.laplace(fn, params, (X, y), Categorical(), structure=s, batch_size=16, **kw)  # noqa: E731
+    fit("diag")
+    jax.effects_barrier()
+    assert capsys.readouterr().err == ""  # quicker than the delay
+    monkeypatch.setattr(linops._progress, "DELAY", 0.0)
+    for structure in ("full", "diag", "kfac", "last_layer"):
+        fit(structure)
+        jax.effects_barrier()
+        err = capsys.readouterr().err
+        assert f"laplace(structure='{structure}')" in err and "7/7" in err and err.count("\n") == 1, (structure, err)
+    fit("diag", progress=False)
+    jax.effects_barrier()
+    assert capsys.readouterr().err == ""

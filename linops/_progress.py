@@ -1,0 +1,88 @@
+"""Progress bars for long operations, drawn on the host by tqdm (``tqdm.auto``: a widget in notebooks, a
+line redrawn in place on a terminal), and driven from inside compiled programs by `jax.debug.callback`.
+
+A bar appears only once its operation has run for `DELAY` seconds, so quick calls print nothing; every
+operation that takes one has a switch to silence it (``progress=False``). Where stderr is not a
+terminal (a CI log, a file), the bar is redrawn at most every `LOG_INTERVAL` seconds, so a log gets a
+few lines rather than one per step.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+import jax.numpy as jnp
+
+DELAY = 2.0
+"""Seconds an operation runs before its bar appears."""
+
+LOG_INTERVAL = 30.0
+"""Seconds between redraws where stderr is not a terminal."""
+
+
+def new_bar(desc: str, total: int | None, unit: str = "it"):
+    """A tqdm bar on stderr with this module's delay and redraw interval."""
+    from tqdm.auto import tqdm
+
+    interval = 0.1 if sys.stderr.isatty() else LOG_INTERVAL
+    return tqdm(desc=desc, total=total, unit=unit, delay=DELAY, mininterval=interval, maxinterval=max(interval, 10),
+                file=sys.stderr, dynamic_ncols=True, leave=True)
+
+
+_BARS: dict = {}  # label -> the open bar of the operation running under that label
+
+
+def update(label, unit, done, total, note=""):
+    """On the host: the bar ``label`` stands at ``done`` of ``total`` (see `tick`)."""
+    done, total = int(done), int(total)
+    bar = _BARS.get(label)
+    if bar is None or done <= 1 or done < bar.n:  # a new run of the operation
+        close(label)
+        bar = _BARS[label] = new_bar(label, total, unit)
+    bar.total = total
+    bar.update(done - bar.n)
+    if note:
+        bar.set_postfix_str(note, refresh=False)
+    if done >= total:
+        close(label)
+
+
+def finish(label: str, note: str = "", done: int | None = None) -> None:
+    """On the host: end the open bar of ``label`` at ``done`` steps (default: where it stands), its total
+    then (an operation that stopped early: a converged iteration), with ``note`` beside it."""
+    bar = _BARS.get(label)
+    if bar is not None:
+        if done is not None:
+            bar.update(int(done) - bar.n)
+        bar.total = bar.n
+        if note:
+            bar.set_postfix_str(note, refresh=False)
+        close(label)
+
+
+def close(label: str) -> None:
+    """Close the bar of ``label`` if one is open (an operation that stopped before its total)."""
+    bar = _BARS.pop(label, None)
+    if bar is not None:
+        bar.close()
+
+
+def tick(label: str | None, done, total, unit: str = "it", note=None, after=None) -> None:
+    """Inside a traced program (or outside one): the bar ``label`` stands at ``done`` of ``total``. A run's
+    first step opens a new bar and the step that reaches ``total`` closes it. ``note``: ``(fmt, values)``,
+    ``fmt(*values)`` the text beside the bar, formatted on the host. ``after``: a pytree of values the
+    step computed, so that the tick waits for them. Nothing for ``label`` None.
+
+    The label is all the state a compiled program holds (a string), so programs that tick compile once per
+    label, like any other static option.
+    """
+    if label is None:
+        return
+    fmt, values = note if note is not None else (None, ())
+
+    def host(d, t, _, *v):
+        update(label, unit, d, t, fmt(*v) if fmt is not None else "")
+
+    anchor = [jnp.ravel(a)[:1] for a in jax.tree_util.tree_leaves(after)]  # one number per leaf: an ordering
+    jax.debug.callback(host, jnp.asarray(done), jnp.asarray(total), anchor, *values)
