@@ -73,7 +73,7 @@ def solve(
         ValueError: ``A`` is not square, ``b`` has the wrong shape, or ``A`` has no
             closed form and no method was chosen.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> A = lo.Diagonal(jnp.array([2.0, 4.0]))
         >>> lo.solve(A, jnp.array([2.0, 2.0])).value
@@ -93,7 +93,7 @@ def shift(A: LinearOperator, lam, *, nonnegative: bool | None = None) -> LinearO
     a PSD curvature plus a prior precision stays tagged PSD inside `jax.jit`. Shifting a shift adds
     the shifts: ``shift(shift(G, a), b)`` is ``G + (a + b) I``, one term however often it is shifted.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> G = lo.Dense(jnp.array([[2.0, 1.0], [1.0, 2.0]]), tags={"psd"})
         >>> "psd" in lo.shift(G, 0.5).tags
@@ -135,7 +135,7 @@ def inv(A: LinearOperator, *, method: str | None = None, **options) -> LinearOpe
     passed to `linops.solve` at each product) compute nothing until applied.
     `linops.simplify` rewrites ``inv(A) @ A`` to the identity.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> A = lo.Diagonal(jnp.array([2.0, 4.0]))
         >>> lo.inv(A) @ jnp.ones(2)
@@ -160,7 +160,7 @@ def factorize(A: LinearOperator) -> LinearOperator:
     factorised factor by factor. An operator with nothing to factorise (diagonal, eigen-decomposed,
     low rank plus diagonal, ...) is returned as it is.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> A = lo.Dense(jnp.array([[4.0, 2.0], [2.0, 2.0]]), tags={"psd"})
         >>> K = lo.factorize(lo.Kronecker(A, lo.Identity(2)))
@@ -182,7 +182,7 @@ def root(A: LinearOperator) -> LinearOperator:
     rectangular $[D^{1/2}, U \operatorname{diag}(d)^{1/2}]$ for diagonal plus low rank (and
     $A^{-1} R$ for its inverse); factor by factor for Kronecker, block-diagonal and scaled operators.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp, linops as lo
         >>> A = lo.Dense(jnp.array([[4.0, 2.0], [2.0, 2.0]]), tags={"psd"})
         >>> R = lo.root(lo.inv(A))                       # L^-T: R R^T = A^-1
@@ -205,7 +205,7 @@ def eigendecompose(A: LinearOperator) -> LinearOperator:
     $Q = I$); a dense matrix by `jax.numpy.linalg.eigh`. Afterwards shifts, inverses, roots and
     log-determinants cost $O(n)$ on the eigenvalues.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> A = lo.Dense(jnp.array([[2.0, 1.0], [1.0, 2.0]]), tags={"psd"})
         >>> E = lo.eigendecompose(lo.Kronecker(A, A))
@@ -225,7 +225,7 @@ def eigendecompose(A: LinearOperator) -> LinearOperator:
 def eigvalsh(A: LinearOperator, *, method: str | None = None) -> Float[Array, " n"]:
     r"""The eigenvalues of a symmetric ``A`` in ascending order (no eigenvectors are formed where avoidable).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> lo.eigvalsh(lo.Dense(jnp.array([[2.0, 1.0], [1.0, 2.0]]), tags={"symmetric"}))
         Array([1., 3.], dtype=float32)
@@ -245,7 +245,7 @@ def pinv(A: LinearOperator, *, rtol: float | None = None, method: str | None = N
     Singular values below ``rtol * max singular value`` count as zero
     (default ``rtol = max(m, n) * eps``). A projector is its own pseudo-inverse.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> lo.pinv(lo.Diagonal(jnp.array([2.0, 0.0]))) @ jnp.ones(2)
         Array([0.5, 0. ], dtype=float32)
@@ -263,7 +263,7 @@ def sqrt(A: LinearOperator, *, method: str | None = None) -> LinearOperator:
     Use it to sample: if $\varepsilon \sim \mathcal N(0, I)$ then $S\varepsilon \sim \mathcal N(0, A)$.
     A projector is its own square root.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> lo.sqrt(4.0 * lo.Identity(2)) @ jnp.ones(2)
         Array([2., 2.], dtype=float32)
@@ -312,7 +312,7 @@ def diag(
             gives the unbiased estimate $\mathbb E[z \odot A z]$ with Rademacher ``z``
             (needs ``key``).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> A = lo.Dense(jnp.array([[1.0, 2.0], [3.0, 4.0]]))
         >>> lo.diag(A @ A, method="exact")
@@ -343,7 +343,7 @@ def trace(
     diagonal; ``"hutchinson"`` returns the estimate of `linops.hutchinson` (use that function
     directly for its standard error).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> lo.trace(lo.Kronecker(lo.Identity(2), lo.Diagonal(jnp.array([1.0, 2.0]))))
         Array(6., dtype=float32)
@@ -359,11 +359,20 @@ def trace(
 
 
 class Estimate(eqx.Module):
-    """A Monte Carlo estimate with its standard error (`linops.hutchinson`)."""
+    """A Monte Carlo estimate with its standard error (`linops.hutchinson`), printed with its numbers."""
 
     value: Inexact[Array, ""]
     standard_error: Float[Array, ""]
     num_samples: int = eqx.field(static=True)
+
+    def __repr__(self):
+        def number(a):
+            if isinstance(a, jax.core.Tracer) or getattr(a, "ndim", 0) != 0:
+                return repr(a)  # traced, or batched (vmapped): no single number to show
+            return f"{float(a):.6g}"
+
+        return (f"Estimate(value={number(self.value)}, standard_error={number(self.standard_error)}, "
+                f"num_samples={self.num_samples})")
 
 
 def _rademacher(key, A, num_samples, what):
@@ -382,11 +391,13 @@ def hutchinson(A: LinearOperator, key: PRNGKeyArray | None, num_samples: int = 6
     ``mesh`` (a `jax.sharding.Mesh`), the probes are split over its devices along ``axis``
     (`sharded_mm`); the estimate is the same as without.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp, linops as lo
         >>> est = lo.hutchinson(lo.Diagonal(jnp.arange(4.0)), jax.random.key(0), 16)
         >>> est.value, est.standard_error   # exact for a diagonal operator
         (Array(6., dtype=float32), Array(0., dtype=float32))
+        >>> est
+        Estimate(value=6, standard_error=0, num_samples=16)
     """
     _check_op(A, "hutchinson")
     check_square(A, "hutchinson")
@@ -408,7 +419,7 @@ def logdet(A: LinearOperator, *, method: str | None = None) -> Float[Array, ""]:
     square factors, scalings, inverses, and diagonal/identity + low rank (the matrix
     determinant lemma, never forming ``n x n``). ``method="dense"`` materialises ``A``.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> U = jnp.array([[1.0], [1.0]])
         >>> lo.logdet(lo.LowRank(U, jnp.array([1.0])) + lo.Identity(2))   # log 3
@@ -429,7 +440,7 @@ def eigh(A: LinearOperator, *, method: str | None = None) -> tuple[Float[Array, 
     orthogonal operator (structured where ``A`` is: a permutation for a diagonal, a
     Kronecker product for a Kronecker product).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, linops as lo
         >>> w, Q = lo.eigh(lo.Diagonal(jnp.array([3.0, 1.0])))
         >>> w, Q @ jnp.array([1.0, 0.0])

@@ -185,7 +185,7 @@ def save(post, path) -> None:
             number (the error names the leaf); nothing is written.
         ValueError: ``path`` is a symbolic link, a folder or another non-regular file.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp, tempfile, os
         >>> import posteriors as pst
         >>> from linops.likelihoods import Gaussian
@@ -286,8 +286,9 @@ def _check_integrity(f, path, line, size, header) -> None:
 
 def _mismatch(path, header, what, detail):
     return ValueError(f"load: {path} holds a {header.get('class')} (structure {header.get('structure')!r}) "
-                      f"whose {what} differ from the template's: {detail}; build `like` with the same call that made "
-                      "the saved posterior (eqx.filter_eval_shape(pst.laplace, fn, params, data, likelihood, ...))")
+                      f"that does not match the template in its {what}: {detail}; build `like` with the same call "
+                      "that made the saved posterior (eqx.filter_eval_shape(pst.laplace, fn, params, data, "
+                      "likelihood, ...))")
 
 
 def _compare(path, saved, expected) -> None:
@@ -372,7 +373,7 @@ def load(path, like):
             ("checksum mismatch"), was written by a newer version, or ``like`` differs from it
             (the error names the field and both values).
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp, equinox as eqx, tempfile, os
         >>> import posteriors as pst
         >>> from linops.likelihoods import Gaussian
@@ -387,7 +388,7 @@ def load(path, like):
         >>> pst.load(path, eqx.filter_eval_shape(pst.laplace, fn, jnp.zeros(2), three, Gaussian(1.0), structure="diag"))
         Traceback (most recent call last):
         ...
-        ValueError: load: ... static fields differ from the template's: .num_examples is 2 in the file and 3 in ...
+        ValueError: load: ... in its static fields: .num_examples is 2 in the file and 3 in ...
     """
     who = "load"
     _check_posterior(like, who, "like")
