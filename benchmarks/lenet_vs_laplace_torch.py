@@ -281,7 +281,7 @@ def compare(o, t):
 def markdown(report):
     cfg = report["config"]
     network_name = "LeNet-5" if cfg["model"] == "lenet5" else "ResNet"
-    lines = [f"# {network_name} vs laplace-torch, each in a fresh process (`benchmarks/{report['benchmark']}.py`)",
+    lines = [f"# {network_name} vs laplace-torch, each in a fresh process (`{report['command']}`)",
              "",
              f"Command: `{report['command']}`  ",
              (f"LeNet-5 (width {cfg['width']}, {report.get('params', '?'):,} parameters, ReLU, max-pooling)"
