@@ -300,33 +300,43 @@ def _figures(out, name, reliability, scores, shifts):
     labels = list(reliability)
     cols = min(len(labels), 5)
     rows = -(-len(labels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.2 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.4 * rows), squeeze=False)
     for ax, label in zip(axes.reshape(-1), labels, strict=False):
         r = reliability[label]
         centers = (np.array(r["edges"][:-1]) + np.array(r["edges"][1:])) / 2
         acc = np.array([np.nan if a is None else a for a in r["accuracy"]])
-        ax.bar(centers, acc, width=0.1, edgecolor="k", color="tab:blue", alpha=0.7)
-        ax.plot([0, 1], [0, 1], "k--", lw=1)
-        ax.set(title=label, xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy")
+        ax.bar(centers, acc, width=0.1, edgecolor="k", color="tab:blue", alpha=0.7, label="accuracy")
+        ax.plot([0, 1], [0, 1], "k--", lw=1, label="calibrated")
+        for x, a, n in zip(centers, acc, r["count"], strict=True):  # how many test images each bin holds
+            if n:
+                ax.text(x, min(a, 0.9) + 0.03, str(n), ha="center", fontsize=6, rotation=90)
+        ax.set(title=label, xlim=(0, 1), ylim=(0, 1), xlabel="confidence (bin)", ylabel="accuracy in the bin")
+        ax.legend(fontsize=6, loc="upper left")
     for ax in axes.reshape(-1)[len(labels):]:
         ax.axis("off")
-    fig.suptitle("Reliability diagrams (held-in test images)")
+    fig.suptitle("Reliability diagrams (held-in test images; the number on a bar: the images in its bin)")
     fig.tight_layout()
     fig.savefig(out / f"{name}_reliability.png", dpi=100)
     plt.close(fig)
 
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False)
+    # Empirical CDFs on a log axis: scores that differ by orders of magnitude (a projected posterior's held-in
+    # scores are near zero) stay apart, and no colours overlap as translucent histograms would.
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.0 * rows), squeeze=False)
+    styles = ["-", "--", "-.", ":"]
     for ax, label in zip(axes.reshape(-1), labels, strict=False):
         s = scores[label]
-        hi = max(float(np.quantile(v, 0.99)) for v in s.values()) or 1.0
-        bins = np.linspace(0.0, hi, 30)
-        for set_name, v in s.items():
-            ax.hist(np.clip(v, 0, hi), bins=bins, alpha=0.5, density=True, label=set_name)
-        ax.set(title=label, xlabel="OOD score")
-    axes.reshape(-1)[0].legend(fontsize=7)
+        positive = np.concatenate([np.asarray(v)[np.asarray(v) > 0] for v in s.values()])
+        floor = float(np.min(positive)) if positive.size else 1e-12
+        for i, (set_name, v) in enumerate(s.items()):
+            v = np.sort(np.maximum(np.asarray(v, dtype=float), floor))
+            ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", ls=styles[i % len(styles)], lw=1.3,
+                    label=f"{set_name} ({v.size})")
+        ax.set(title=label, xscale="log", xlabel="OOD score (log)", ylabel="fraction of images <= score",
+               ylim=(0, 1.02))
+        ax.legend(fontsize=6, loc="lower right")
     for ax in axes.reshape(-1)[len(labels):]:
         ax.axis("off")
-    fig.suptitle("OOD scores: held-in test images vs OOD sets")
+    fig.suptitle("OOD scores: held-in test images vs OOD sets (curves further right: more uncertain)")
     fig.tight_layout()
     fig.savefig(out / f"{name}_ood_scores.png", dpi=100)
     plt.close(fig)

@@ -132,12 +132,17 @@ def run(cfg: Config, out: Path, log: Log, *, name: str = "inbetween") -> dict:
     nrows = -(-len(bands) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(3.4 * cols, 2.8 * nrows), sharex=True, sharey=True, squeeze=False)
     for ax, (label, (mean, std)) in zip(axes.reshape(-1), bands.items(), strict=False):
-        ax.axvspan(*GAP, color="0.92")
-        ax.fill_between(grid[:, 0], mean - 2 * std, mean + 2 * std, color="tab:blue", alpha=0.3)
-        ax.plot(grid[:, 0], mean, color="tab:blue", lw=1.2)
-        ax.scatter(X[:, 0], Y[:, 0], s=5, color="0.2", zorder=3)
+        ax.axvspan(*GAP, color="0.92", label="the gap")
+        ax.fill_between(grid[:, 0], mean - 2 * std, mean + 2 * std, color="tab:blue", alpha=0.3, label="mean ± 2 std")
+        ax.plot(grid[:, 0], mean, color="tab:blue", lw=1.2, label="mean")
+        ax.scatter(X[:, 0], Y[:, 0], s=5, color="0.2", zorder=3, label=f"training data ({X.shape[0]})")
         ax.set_title(label, fontsize=10)
         ax.set_ylim(-3, 3)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("y")
+    for ax in axes[-1, :]:
+        ax.set_xlabel("x")
+    axes[0, 0].legend(fontsize=6, loc="lower left")
     for ax in axes.reshape(-1)[len(bands):]:
         ax.axis("off")
     fig.suptitle("Linearised predictive, mean ± 2 std (grey: the gap)")

@@ -16,6 +16,32 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("sklearn")
 
 
+def test_help_loads_no_jax_and_names_each_commands_methods_and_default():
+    """``--help`` imports only the command line (the package's names load on first use), and each command's
+    help lists the methods it knows with its own default."""
+    code = ("import sys, contextlib, io\n"
+            "from posteriors.cli import main\n"
+            "for cmd in ([], ['projected'], ['inbetween'], ['demo']):\n"
+            "    out = io.StringIO()\n"
+            "    with contextlib.redirect_stdout(out):\n"
+            "        try: main([*cmd, '--help'])\n"
+            "        except SystemExit: pass\n"
+            "    print(' '.join(out.getvalue().split()))\n"
+            "print('jax loaded:', 'jax' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    top, projected, inbetween, demo, loaded = done.stdout.strip().splitlines()
+    assert loaded == "jax loaded: False"
+    known = "from: map, full, diag, last_layer, kfac, lowrank, subnetwork, projected, loss_projected, fsp"
+    assert known in projected and known in inbetween and known in demo
+    assert "(default: map, diag, last_layer, kfac, projected, loss_projected)" in projected
+    assert "(default: all)" in inbetween and "for demo" not in projected
+    assert "(default: map, diag, last_layer, kfac, lowrank, subnetwork, projected, loss_projected, fsp)" in demo
+    from posteriors.experiments import _common, methods
+
+    assert _common.METHODS is methods.METHODS and "full" not in methods.DEFAULT_METHODS
+
+
 def test_bad_arguments_fail_before_any_work(tmp_path, capsys):
     out = tmp_path / "never"
     with pytest.raises(SystemExit, match=r"unknown method\(s\) \['laplace'\]; choose from map, full"):
@@ -129,3 +155,32 @@ def test_the_compilation_cache_is_opt_in_and_written_where_asked(tmp_path):
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "cache")], check=True)
     assert any((tmp_path / "cache").iterdir())
+
+
+def test_figures_carry_labels_counts_and_legends(tmp_path, monkeypatch):
+    """The comparison's figures as a reader needs them: reliability bars labelled with how many test images
+    each bin holds, and OOD scores as empirical CDFs on a log axis (scores orders of magnitude apart stay
+    apart) with labelled axes and a legend, naming each set's size, in every panel."""
+    import jax.numpy as jnp
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from posteriors.experiments import classification
+
+    closed = []
+    monkeypatch.setattr(plt, "close", closed.append)
+    rng = np.random.default_rng(0)
+    probs = jnp.asarray(rng.dirichlet(np.ones(3), 50))
+    labels = jnp.asarray(rng.integers(0, 3, 50))
+    reliability = {m: classification._reliability(probs, labels) for m in ("MAP", "Projected")}
+    scores = {m: {"test": rng.uniform(0, 1e-6, 50), "noise": rng.uniform(1, 2, 30)} for m in reliability}
+    classification._figures(tmp_path, "x", reliability, scores, shifts=None)
+    assert {p.name for p in tmp_path.iterdir()} == {"x_reliability.png", "x_ood_scores.png"}
+    rel, ood = closed
+    counts = reliability["MAP"]["count"]
+    for ax in rel.axes[:2]:
+        assert ax.get_xlabel() and ax.get_ylabel() and ax.get_legend() is not None
+        assert sorted(int(t.get_text()) for t in ax.texts) == sorted(n for n in counts if n)
+    for ax in ood.axes[:2]:
+        assert ax.get_xscale() == "log" and ax.get_xlabel() and ax.get_ylabel()
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["test (50)", "noise (30)"]
