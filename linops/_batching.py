@@ -33,6 +33,7 @@ def batched_sum(fn, data, batch_size: int, progress: str | None = None):
     fn = canonical_convolutions(fn)  # the loop body's convolutions in the CPU backend's fast layout
     full, head, tail = _split(data, batch_size)
     count = full + (tail is not None)
+    progress = progress if count > 1 else None  # one batch: nothing to show progress on
     total = None
     if full:
         first = jax.tree_util.tree_map(lambda a: a[0], head)
@@ -41,13 +42,13 @@ def batched_sum(fn, data, batch_size: int, progress: str | None = None):
         def step(acc, indexed):
             i, batch = indexed
             out = fn(batch)
-            tick(progress, i + 1, count, unit="batch", after=out)
+            tick(progress, i + 1, count, unit="batch")
             return jax.tree_util.tree_map(jnp.add, acc, out), None
 
         total, _ = lax.scan(step, init, (jnp.arange(full), head))
     if tail is not None:
         last = fn(tail)
-        tick(progress, count, count, unit="batch", after=last)
+        tick(progress, count, count, unit="batch")
         total = last if total is None else jax.tree_util.tree_map(jnp.add, total, last)
     return total
 
