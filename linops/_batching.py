@@ -48,7 +48,7 @@ def batched_sum(fn, data, batch_size: int, progress: str | None = None):
         total, _ = lax.scan(step, init, (jnp.arange(full), head))
     if tail is not None:
         last = fn(tail)
-        tick(progress, count, count, unit="batch")
+        tick(progress, count, count, unit="batch", after=total)  # after the loop's ticks
         total = last if total is None else jax.tree_util.tree_map(jnp.add, total, last)
     return total
 

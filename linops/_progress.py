@@ -68,20 +68,23 @@ def close(label: str) -> None:
         bar.close()
 
 
-def tick(label: str | None, done, total, unit: str = "it", note=None) -> None:
+def tick(label: str | None, done, total, unit: str = "it", note=None, after=None) -> None:
     """Inside a traced program (or outside one): the bar ``label`` stands at ``done`` of ``total``. A run's
     first step opens a new bar and the step that reaches ``total`` closes it. ``note``: ``(fmt, values)``,
-    ``fmt(*values)`` the text beside the bar, formatted on the host. Nothing for ``label`` None.
+    ``fmt(*values)`` the text beside the bar, formatted on the host. ``after``: values computed before
+    this tick (a loop's result), so that it is drawn after the loop's own ticks: callbacks tied to no
+    value may run in any order. Nothing for ``label`` None.
 
     The label is all the state a compiled program holds (a string), so programs that tick compile once per
     label, like any other static option. A tick costs about 50 microseconds on a CPU (an unordered host
-    callback, tied to no value of the step: it may be drawn just before the step's work ends).
+    callback; inside a loop, the iterations keep the ticks in order).
     """
     if label is None:
         return
     fmt, values = note if note is not None else (None, ())
 
-    def host(d, t, *v):
+    def host(d, t, _, *v):
         update(label, unit, d, t, fmt(*v) if fmt is not None else "")
 
-    jax.debug.callback(host, jnp.asarray(done), jnp.asarray(total), *values)
+    anchor = [jnp.ravel(a)[:1] for a in jax.tree_util.tree_leaves(after)]  # one number per leaf: an ordering
+    jax.debug.callback(host, jnp.asarray(done), jnp.asarray(total), anchor, *values)
