@@ -297,6 +297,8 @@ def _reliability(probs, labels, num_bins: int = 10) -> dict:
 
 def _figures(out, name, reliability, scores, shifts):
     plt = pyplot()
+    from matplotlib.ticker import NullFormatter
+
     labels = list(reliability)
     cols = min(len(labels), 5)
     rows = -(-len(labels) // cols)
@@ -309,7 +311,8 @@ def _figures(out, name, reliability, scores, shifts):
         ax.plot([0, 1], [0, 1], "k--", lw=1, label="calibrated")
         for x, a, n in zip(centers, acc, r["count"], strict=True):  # how many test images each bin holds
             if n:
-                ax.text(x, min(a, 0.9) + 0.03, str(n), ha="center", fontsize=6, rotation=90)
+                ax.text(x, min(a, 0.9) + 0.03, str(n), ha="center", fontsize=6, rotation=90,
+                        bbox={"facecolor": "white", "alpha": 0.8, "linewidth": 0, "pad": 0.5})
         ax.set(title=label, xlim=(0, 1), ylim=(0, 1), xlabel="confidence (bin)", ylabel="accuracy in the bin")
         ax.legend(fontsize=6, loc="upper left")
     for ax in axes.reshape(-1)[len(labels):]:
@@ -333,7 +336,8 @@ def _figures(out, name, reliability, scores, shifts):
                     label=f"{set_name} ({v.size})")
         ax.set(title=label, xscale="log", xlabel="OOD score (log)", ylabel="fraction of images <= score",
                ylim=(0, 1.02))
-        ax.legend(fontsize=6, loc="lower right")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # a narrow log range labels its minor ticks on top of each other
+        ax.legend(fontsize=6, loc="best")
     for ax in axes.reshape(-1)[len(labels):]:
         ax.axis("off")
     fig.suptitle("OOD scores: held-in test images vs OOD sets (curves further right: more uncertain)")

@@ -140,8 +140,9 @@ def run(cfg: Config, out: Path, log: Log, *, name: str = "inbetween") -> dict:
         ax.set_ylim(-3, 3)
     for ax in axes[:, 0]:
         ax.set_ylabel("y")
-    for ax in axes[-1, :]:
+    for ax in axes.reshape(-1)[:len(bands)]:  # every panel: an empty one below would hide the shared axis
         ax.set_xlabel("x")
+        ax.tick_params(labelbottom=True)
     axes[0, 0].legend(fontsize=6, loc="lower left")
     for ax in axes.reshape(-1)[len(bands):]:
         ax.axis("off")
