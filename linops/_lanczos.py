@@ -30,6 +30,7 @@ import numpy as np
 from jax import lax
 
 from linops._base import LinearOperator, describe
+from linops._progress import finish_after, tick
 from linops._structured import LowRank
 from linops._tags import symmetric
 
@@ -99,7 +100,7 @@ class Lanczos(eqx.Module):
 
 
 def lanczos(A: LinearOperator, num_steps: int, *, key: jax.Array | None = None, v0=None,
-            restart: bool = False) -> Lanczos:
+            restart: bool = False, progress: str | None = None) -> Lanczos:
     r"""``num_steps`` Lanczos steps on the symmetric operator ``A`` with full reorthogonalisation.
 
     Start from ``v0`` when given (normalised here), else from a Gaussian vector drawn with ``key``.
@@ -109,6 +110,8 @@ def lanczos(A: LinearOperator, num_steps: int, *, key: jax.Array | None = None, 
     against the basis), so the basis always reaches ``num_steps`` vectors. Restarting matters
     when $A$ has few distinct eigenvalues (a kernel Gram of points far apart relative to the
     lengthscale is nearly $cI$: its Krylov space from one vector is one-dimensional).
+    ``progress``: a label: a progress bar over the steps under it (once the run takes longer than
+    two seconds); None (default): none.
 
     Differentiable in reverse mode w.r.t. the operator's arrays and ``v0`` by a custom adjoint
     (no unrolled loop). The derivative is defined for a run that neither stopped early (the
@@ -143,7 +146,7 @@ def lanczos(A: LinearOperator, num_steps: int, *, key: jax.Array | None = None, 
     v0 = jnp.asarray(v0, A.dtype)
     if v0.shape != (n,):
         raise ValueError(f"lanczos: v0 must have shape ({n},) for {describe(A)}, got {v0.shape}")
-    basis, alpha, beta, steps, restarts = _tridiagonalise((A, v0), int(num_steps), bool(restart))
+    basis, alpha, beta, steps, restarts = _tridiagonalise((A, v0), int(num_steps), bool(restart), progress)
     return Lanczos(basis.T, alpha, beta, steps, restarts)
 
 
@@ -161,7 +164,7 @@ def _new_direction(Q):
     return w / jnp.linalg.norm(w)
 
 
-def _forward(A, v0, m, restart):
+def _forward(A, v0, m, restart, progress=None):
     """The Lanczos recursion: ``(basis (m, n) by rows, alpha, beta, steps, restarts, next unit vector)``."""
     n, dtype = v0.shape[0], A.dtype
     tiny = float(np.finfo(dtype).eps) * m
@@ -186,6 +189,7 @@ def _forward(A, v0, m, restart):
         b = jnp.linalg.norm(w)
         invariant = ~(b > tiny * scale)  # (or NaN)
         alpha, beta = alpha.at[j].set(a), beta.at[j].set(jnp.where(invariant, 0.0, b))
+        tick(progress, j + 1, m, unit="step")
         if restart:
             more = invariant & (j + 1 < m)
             q = lax.cond(more, lambda: _new_direction(Q), lambda: w / jnp.where(invariant, 1.0, b))
@@ -198,24 +202,25 @@ def _forward(A, v0, m, restart):
     state = (jnp.asarray(0), jnp.zeros((m, n), dtype), jnp.zeros(m, dtype), jnp.zeros(m, dtype), q0,
              jnp.asarray(False), jnp.asarray(0))
     steps, Q, alpha, beta, q_next, _, restarts = lax.while_loop(cond, body, state)
+    finish_after(progress, steps)  # a run that stopped early (an invariant Krylov space) ends its bar
     return Q, alpha, beta, steps, restarts, q_next
 
 
 @eqx.filter_custom_vjp
-def _tridiagonalise(operands, m, restart):
+def _tridiagonalise(operands, m, restart, progress=None):
     A, v0 = operands
-    return _forward(A, v0, m, restart)[:5]
+    return _forward(A, v0, m, restart, progress)[:5]
 
 
 @_tridiagonalise.def_fwd
-def _tridiagonalise_fwd(perturbed, operands, m, restart):
+def _tridiagonalise_fwd(perturbed, operands, m, restart, progress=None):
     A, v0 = operands
-    Q, alpha, beta, steps, restarts, q_next = _forward(A, v0, m, restart)
+    Q, alpha, beta, steps, restarts, q_next = _forward(A, v0, m, restart, progress)
     return (Q, alpha, beta, steps, restarts), (Q, alpha, beta, steps, restarts, q_next)
 
 
 @_tridiagonalise.def_bwd
-def _tridiagonalise_bwd(residuals, cotangents, perturbed, operands, m, restart):
+def _tridiagonalise_bwd(residuals, cotangents, perturbed, operands, m, restart, progress=None):
     r"""The adjoint of the Lanczos relations, solved backwards (0-based steps $j$).
 
     With multipliers $\Lambda = [\lambda_0, \dots]$ for $AQ = QH + re^\top$, a symmetric $\Sigma$
@@ -310,6 +315,7 @@ class LanczosLowRankOp(LowRank):
         rank: the number of eigenpairs kept (largest in magnitude).
         key: PRNG key of the start vector.
         num_steps: Lanczos steps (default ``min(n, 2 rank + 10)``).
+        progress: a label: a progress bar over the Lanczos steps (`lanczos`); None (default): none.
 
     Examples:
         >>> import jax, jax.numpy as jnp, linops as lo
@@ -325,7 +331,7 @@ class LanczosLowRankOp(LowRank):
     steps: jax.Array
 
     def __init__(self, A: LinearOperator | Lanczos, rank: int, key: jax.Array | None = None, *,
-                 num_steps: int | None = None):
+                 num_steps: int | None = None, progress: str | None = None):
         if isinstance(A, Lanczos):  # an existing run (e.g. `Lanczos.low_rank`)
             run, limit = A, A.alpha.shape[0]
         else:
@@ -339,7 +345,7 @@ class LanczosLowRankOp(LowRank):
             num_steps = min(limit, 2 * int(rank) + 10) if num_steps is None else num_steps
             if isinstance(num_steps, (int, np.integer)) and num_steps < rank:
                 raise ValueError(f"LanczosLowRankOp: num_steps ({num_steps}) must be at least rank ({rank})")
-            run, operator = lanczos(A, num_steps, key=key, restart=True), A
+            run, operator = lanczos(A, num_steps, key=key, restart=True, progress=progress), A
         w, U, residuals = run.ritz()  # NaN after a restart: the recurrence no longer measures them
         U, w, residuals = U[:, :rank], w[:rank], residuals[:rank]
         if operator is not None:  # measured with A on the kept pairs only

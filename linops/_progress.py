@@ -88,3 +88,12 @@ def tick(label: str | None, done, total, unit: str = "it", note=None, after=None
 
     anchor = [jnp.ravel(a)[:1] for a in jax.tree_util.tree_leaves(after)]  # one number per leaf: an ordering
     jax.debug.callback(host, jnp.asarray(done), jnp.asarray(total), anchor, *values)
+
+
+def finish_after(label: str | None, after) -> None:
+    """Inside a traced program: end the open bar of ``label`` where it stands (`finish`) once ``after`` (a
+    pytree of values, such as a loop's result) is computed. Nothing for ``label`` None."""
+    if label is None:
+        return
+    anchor = [jnp.ravel(a)[:1] for a in jax.tree_util.tree_leaves(after)]
+    jax.debug.callback(lambda _: finish(label), anchor)

@@ -186,7 +186,7 @@ class LowRankGGN(StructuredGGN):
                              "pass key=jax.random.key(...)")
         if r.rank is None:
             raise ValueError(f"{r.who}(structure='lowrank'): pass rank=k, the number of GGN eigenpairs kept")
-        low = lo.LanczosLowRankOp(r.G, r.rank, r.key, num_steps=r.num_steps)
+        low = lo.LanczosLowRankOp(r.G, r.rank, r.key, num_steps=r.num_steps, progress=r.progress)
         return cls(low.U, low.d)
 
     def precision(self, alpha, scale):

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import linops as lo
+from linops._progress import tick
 from linops.kernels import Independent, Kernel
 from linops.likelihoods import Likelihood
 from linops.models import ravel
@@ -270,7 +271,8 @@ def _cutoff(values, rtol):
 
 
 @eqx.filter_jit
-def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, context_batch_size, rtol, mesh=None):
+def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, context_batch_size, rtol, mesh=None,
+                progress=None):
     flat, _ = ravel(params)
     dtype = flat.dtype
     eps = float(np.finfo(dtype).eps)
@@ -280,15 +282,18 @@ def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, 
     v0 = J @ jnp.ones_like(flat)
     run = lo.lanczos(K, num_steps, v0=v0, restart=True)
     L = run.pinv_factor(rtol)
+    tick(progress, 1, 4, unit="stage", after=L)  # the stages: Lanczos, J^T L, the GGN products, the rest
     # 2.-3. M = J(C)^T L by VJPs, and its thin SVD; directions below the cut-off are dropped.
     M = J.T @ L
     U_M, D_M, _ = jnp.linalg.svd(M, full_matrices=False)
     keep = _cutoff(D_M, rtol)
     U_M = U_M * keep[None, :]
     D_M = jnp.where(keep, D_M, 0.0)
+    tick(progress, 2, 4, unit="stage", after=U_M)
     # 4.-5. A = D^2 + U^T G U by GGN products, and its eigendecomposition (ascending).
     G = lo.GGNOp(fn, params, X, Y, likelihood, batch_size=batch_size, mesh=mesh)
     A = jnp.diag(D_M**2) + U_M.T @ (G @ U_M)
+    tick(progress, 3, 4, unit="stage", after=A)
     D_A, U_A = jnp.linalg.eigh((A + A.T) / 2)
     inv = jnp.where(_cutoff(D_A, rtol), 1.0 / jnp.where(D_A > 0, D_A, 1.0), 0.0)
     V = U_M @ U_A
@@ -303,12 +308,13 @@ def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, 
     d = jnp.where(jnp.arange(inv.shape[0]) >= k, inv, 0.0)
     ratio = jnp.max(jnp.take(tail, k, axis=1) / prior_var)
     info = FSPInfo(run.steps, run.restarts, jnp.sum(keep), k, ratio)
+    tick(progress, 4, 4, unit="stage", after=d)
     return V, d, info
 
 
 def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likelihood, rank: int | None = None,
                 batch_size: int | None = None, context_batch_size: int | None = None,
-                rtol: float = 1e-6, mesh=None) -> FSPLaplacePosterior:
+                rtol: float = 1e-6, mesh=None, progress: bool = True) -> FSPLaplacePosterior:
     r"""The FSP-Laplace posterior (algorithm 2): a GP prior at context points, matrix-free.
 
     Args:
@@ -331,6 +337,9 @@ def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likeliho
             examples over its devices, the context Jacobian its context points and the kernel Gram
             its row tiles (`linops.GGNOp`, `linops.JacobianOp`, `linops.kernels.KernelGramOp`); the
             result equals the single-device one to float round-off.
+        progress: a progress bar on stderr over the algorithm's four stages (Lanczos on
+            $K_{CC}$, the context Jacobian's products, the GGN products, the truncation), shown once
+            the fit runs longer than two seconds; False silences it.
 
     Returns:
         An `FSPLaplacePosterior`.
@@ -368,7 +377,7 @@ def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likeliho
         raise ValueError(f"{who}: rank {rank} needs at least that many context outputs, but {C.shape[0]} context "
                          f"points x {num_outputs} outputs give {n}: add context points or lower the rank")
     V, d, info = _algorithm2(fn, params, X, Y, C, kernel, likelihood, int(rank), batch_size, context_batch_size,
-                             rtol, mesh)
+                             rtol, mesh, "fsp_laplace" if progress else None)
     return FSPLaplacePosterior(fn, params, V, d, prior, info, batch_size=context_batch_size)
 
 

@@ -288,9 +288,10 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
         mesh: a `jax.sharding.Mesh` with a ``"data"`` axis: the GGN computations split the examples
             over its devices (`linops.GGNOp`'s and `linops.kfac`'s ``mesh``); the result equals the
             single-device one.
-        progress: a progress bar over the data's batches on stderr while the GGN is formed (the
-            ``"full"``, ``"diag"``, ``"last_layer"`` and ``"kfac"`` fits, on one device), shown once
-            the fit runs longer than two seconds; False silences it.
+        progress: a progress bar on stderr over the data's batches while the GGN is formed (the
+            ``"full"``, ``"diag"``, ``"last_layer"`` and ``"kfac"`` fits, on one device) or over the
+            Lanczos steps (``"lowrank"``), shown once the fit runs longer than two seconds; False
+            silences it.
 
     Returns:
         A `LaplacePosterior`.
@@ -350,10 +351,12 @@ def _fit_structure(cls, fn, params, X, Y, likelihood, chosen, key, o):
     fit_fn, fit_params = fn, params
     if chosen is not None:
         fit_fn, fit_params, _ = _submodel(fn, params, chosen)
-    progress = o.progress if cls is not S.REGISTRY["lowrank"] else None  # Lanczos runs many products, not one pass
-    G = lo.GGNOp(fit_fn, fit_params, X, Y, likelihood, batch_size=o.batch_size, mesh=o.mesh, progress=progress)
+    # a pass over the data's batches, or (low rank) the Lanczos steps, each of them a GGN product
+    lowrank = cls is S.REGISTRY["lowrank"]
+    G = lo.GGNOp(fit_fn, fit_params, X, Y, likelihood, batch_size=o.batch_size, mesh=o.mesh,
+                 progress=None if lowrank else o.progress)
     return cls.fit(S.FitRequest(G, fit_fn, fit_params, (X, Y), likelihood, o.batch_size, o.mesh, o.rank,
-                                o.num_steps, key, o.kfac_fallback, o.who, o.kfac_approximation, progress))
+                                o.num_steps, key, o.kfac_fallback, o.who, o.kfac_approximation, o.progress))
 
 
 # `_fit_structure` as one program, compiled once per structure, model function, shapes and options (the arrays are

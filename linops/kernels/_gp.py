@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from linops._progress import tick
 from linops.kernels._base import Kernel, _check_inputs, _outputs, _positive
 from linops.kernels._multioutput import Coregionalized
 from linops.memory import check_fits
@@ -126,7 +127,7 @@ def _unpack(variables, params, fixed, static, noise, fit_noise):
 
 
 @eqx.filter_jit
-def _fit_gp_program(variables, params, fixed, static, X, y, noise, learning_rate, num_steps, fit_noise):
+def _fit_gp_program(variables, params, fixed, static, X, y, noise, learning_rate, num_steps, fit_noise, progress=None):
     """Adam's ``num_steps`` steps as one program, compiled once per kernel structure, shapes and step count."""
     import optax
 
@@ -136,18 +137,21 @@ def _fit_gp_program(variables, params, fixed, static, X, y, noise, learning_rate
 
     opt = optax.adam(learning_rate)
 
-    def step(state, _):
+    def step(state, i):
         variables, opt_state = state
         value, grad = jax.value_and_grad(loss)(variables)
         updates, opt_state = opt.update(grad, opt_state, variables)
+        note = (lambda v: f"log marginal likelihood {float(v):.6g}", (-value,))
+        tick(progress, i + 1, num_steps, unit="step", note=note)
         return (optax.apply_updates(variables, updates), opt_state), -value
 
-    (variables, _), history = lax.scan(step, (variables, opt.init(variables)), None, length=num_steps)
+    (variables, _), history = lax.scan(step, (variables, opt.init(variables)), jnp.arange(num_steps))
     return variables, history
 
 
 def fit_gp(kernel: Kernel, X, y, *, noise_variance=0.1, num_steps: int = 200, learning_rate: float = 0.05,
-           max_points: int | None = None, key: jax.Array | None = None, fit_noise: bool = True) -> GPFit:
+           max_points: int | None = None, key: jax.Array | None = None, fit_noise: bool = True,
+           progress: bool = True) -> GPFit:
     r"""Maximise the exact GP marginal likelihood over the kernel's hyperparameters (and the noise).
 
     Adam (optax) on the logarithms of every positive hyperparameter, so they stay positive;
@@ -167,6 +171,8 @@ def fit_gp(kernel: Kernel, X, y, *, noise_variance=0.1, num_steps: int = 200, le
         max_points: fit on a random subset of this many examples (needs ``key``).
         key: the PRNG key for the subset.
         fit_noise: whether to fit the noise variance too.
+        progress: a progress bar over Adam's steps on stderr (with the log marginal likelihood), shown
+            once the fit runs longer than two seconds; False silences it.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -195,6 +201,6 @@ def fit_gp(kernel: Kernel, X, y, *, noise_variance=0.1, num_steps: int = 200, le
 
     variables, history = _fit_gp_program((logs, roots), params, fixed, static, X, y, noise,
                                          jnp.asarray(learning_rate, jnp.result_type(float)), int(num_steps),
-                                         bool(fit_noise))
+                                         bool(fit_noise), "fit_gp" if progress else None)
     kern, noise_ = _unpack(variables, params, fixed, static, noise, fit_noise)
     return GPFit(kern, noise_, history, int(X.shape[0]))

@@ -129,7 +129,7 @@ def fit(method: str, fn, params, train, cfg: Config, log: Log):
                                       context=lambda k: pst.context.from_data(k, X, cfg.fsp_context))
         fsp_params = _train_fsp(objective, params, train, cfg, log)
         context = pst.context.from_data(jax.random.key(cfg.seed + 5), X, cfg.fsp_context)
-        return pst.fsp_laplace(fn, fsp_params, train, kernel, context, likelihood=lik, batch_size=256,
+        return pst.fsp_laplace(fn, fsp_params, train, kernel, context, likelihood=lik, batch_size=256, progress=bars,
                                context_batch_size=50)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 

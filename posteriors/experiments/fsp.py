@@ -86,14 +86,15 @@ def regression(out, quick, log):
     summary = {}
     for col, (name, start) in enumerate(priors.items()):
         t0 = time.perf_counter()
-        kernel = fit_gp(start, X, Y[:, 0], noise_variance=0.01, num_steps=300).kernel  # the paper's prior fit
+        kernel = fit_gp(start, X, Y[:, 0], noise_variance=0.01, num_steps=300,
+                        progress=not log.quiet).kernel  # the paper's prior fit
         fn, params = from_equinox(eqx.nn.MLP(1, 1, 50, 2, activation=jnp.tanh, key=jax.random.key(1)))
         objective = pst.fsp_objective(fn, kernel, Gaussian(0.1), num_data=n,
                                       context=lambda k: pst.context.uniform(k, X, 100))
         params, history = train(fn, params, objective, (X, Y), steps=steps, learning_rate=3e-3,
                                 key=jax.random.key(2), log=log)
         t1 = time.perf_counter()
-        post = pst.fsp_laplace(fn, params, (X, Y), kernel, context, likelihood=Gaussian(0.1))
+        post = pst.fsp_laplace(fn, params, (X, Y), kernel, context, likelihood=Gaussian(0.1), progress=not log.quiet)
         mean, var = post.predictive(grid)
         jax.block_until_ready(var)
         t2 = time.perf_counter()
@@ -153,7 +154,8 @@ def two_moons(out, quick, log):
         params, history = train(fn, params, objective, (X, Y), steps=steps, learning_rate=3e-3,
                                 key=jax.random.key(2), log=log)
         t1 = time.perf_counter()
-        post = pst.fsp_laplace(fn, params, (X, Y), kernel, context, likelihood=Categorical(), context_batch_size=50)
+        post = pst.fsp_laplace(fn, params, (X, Y), kernel, context, likelihood=Categorical(), context_batch_size=50,
+                               progress=not log.quiet)
         logits = post.predictive_samples(jax.random.key(3), grid, 100)  # (100, M, 2)
         p1 = jax.nn.softmax(logits, axis=-1)[..., 1]
         jax.block_until_ready(p1)
@@ -215,7 +217,7 @@ def maunaloa(out, quick, log, *, split_year: float = 1991.0):
     start = (RBF(6.7, 4.0) + RBF(9.0, 0.05) * Periodic(1.3, 0.1, 1.0) + RationalQuadratic(0.12, 0.005, 0.78)
              + RBF(0.015, 0.0005))
     gp = fit_gp(start, X, Y[:, 0], noise_variance=1e-3, num_steps=100 if quick else 300, max_points=600,
-                key=jax.random.key(11))
+                key=jax.random.key(11), progress=not log.quiet)
     kernel, noise = gp.kernel, float(gp.noise_variance)
     sigma = float(np.sqrt(noise))
     log(f"Mauna Loa: {int(is_train.sum())} training weeks (1958-{split_year:.0f}), {int(is_test.sum())} test weeks; "
@@ -238,7 +240,7 @@ def maunaloa(out, quick, log, *, split_year: float = 1991.0):
     fsp_params, _ = train(fn, params0, objective, (X, Y), steps=steps, learning_rate=3e-3, key=jax.random.key(13),
                           log=log, label="FSP training")
     fsp_post = pst.fsp_laplace(fn, fsp_params, (X, Y), kernel, jnp.linspace(lo_x, hi_x, 300)[:, None],
-                               likelihood=Gaussian(sigma))
+                               likelihood=Gaussian(sigma), progress=not log.quiet)
     fsp_mean, fsp_var = fsp_post.predictive(Xt)
     fsp_s = time.perf_counter() - t0
     # plain Laplace: MAP with weight decay, full covariance, prior precision and noise by the evidence

@@ -78,7 +78,8 @@ def _fit(method, fn, params, train, cfg, log):
                                       context=lambda k: pst.context.uniform(k, X, 100))
         fsp_params = train_fsp(fn, params, objective, train, steps=cfg.fsp_steps, learning_rate=3e-3,
                                key=jax.random.key(cfg.seed + 3), log=log)
-        return pst.fsp_laplace(fn, fsp_params, train, kernel, pst.context.grid(X, 100), likelihood=lik)
+        return pst.fsp_laplace(fn, fsp_params, train, kernel, pst.context.grid(X, 100), likelihood=lik,
+                               progress=not log.quiet)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 

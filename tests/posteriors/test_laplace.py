@@ -474,3 +474,35 @@ def test_fit_shows_a_progress_bar_over_the_batches_that_can_be_silenced(capsys, 
     fit("diag", progress=False)
     jax.effects_barrier()
     assert capsys.readouterr().err == ""
+
+
+def test_low_rank_fsp_and_gp_fits_show_progress_bars(capsys, monkeypatch):
+    """The low-rank fit's bar counts Lanczos steps and ends at the steps run; FSP-Laplace's its four stages;
+    fit_gp's Adam's steps; progress=False silences each."""
+    import linops._progress
+    from linops.kernels import RBF, fit_gp
+    from linops.models import from_equinox
+
+    monkeypatch.setattr(linops._progress, "DELAY", 0.0)
+    X = jax.random.normal(jax.random.key(0), (40, 2))
+    y = (X[:, 0] > 0).astype(jnp.int32)
+    fn, params = from_equinox(eqx.nn.MLP(2, 2, 6, 1, key=jax.random.key(1)))
+    pst.laplace(fn, params, (X, y), Categorical(), structure="lowrank", rank=3, num_steps=8, key=jax.random.key(2))
+    jax.effects_barrier()
+    err = capsys.readouterr().err
+    # with restarts on an invariant Krylov space, the run always takes its 8 steps
+    assert "laplace(structure='lowrank')" in err and "8/8" in err and err.count("\n") == 1, err
+    pst.fsp_laplace(fn, params, (X, y), RBF(1.0), X[:10], likelihood=Categorical())
+    jax.effects_barrier()
+    err = capsys.readouterr().err
+    assert "fsp_laplace" in err and "4/4" in err and err.count("\n") == 1, err
+    fit_gp(RBF(1.0), X, X[:, 0], num_steps=5)
+    jax.effects_barrier()
+    err = capsys.readouterr().err
+    assert "fit_gp" in err and "5/5" in err and "log marginal likelihood" in err, err
+    pst.laplace(fn, params, (X, y), Categorical(), structure="lowrank", rank=3, num_steps=8, key=jax.random.key(2),
+                progress=False)
+    pst.fsp_laplace(fn, params, (X, y), RBF(1.0), X[:10], likelihood=Categorical(), progress=False)
+    fit_gp(RBF(1.0), X, X[:, 0], num_steps=5, progress=False)
+    jax.effects_barrier()
+    assert capsys.readouterr().err == ""
