@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import linops as lo
+from linops._progress import tick
 from linops.likelihoods import Likelihood
 from linops.memory import check_fits, format_bytes
 from linops.models import canonical_convolutions, check_indices, ravel, restrict
@@ -133,10 +134,11 @@ def largest_variance(params, variances, size: int, *, key: jax.Array | None = No
 
 
 def diagonal_laplace(fn, params, data, likelihood: Likelihood, size: int, *, prior_precision=1.0,
-                     batch_size: int | None = None, key: jax.Array | None = None) -> Subnetwork:
+                     batch_size: int | None = None, key: jax.Array | None = None, progress: bool = True) -> Subnetwork:
     r"""Largest marginal variances $1/(\operatorname{diag} G + \alpha)$ of a diagonal Laplace (the paper's rule).
 
-    Ties (weights without any data gradient) go in index order, or at random with ``key``.
+    Ties (weights without any data gradient) go in index order, or at random with ``key``. ``progress``:
+    a bar over the data's batches of the GGN diagonal (shown after two seconds); False silences it.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -147,21 +149,23 @@ def diagonal_laplace(fn, params, data, likelihood: Likelihood, size: int, *, pri
         Array([1], dtype=int32)
     """
     X, Y = data
-    g = lo.diag(lo.GGNOp(fn, params, X, Y, likelihood, batch_size=batch_size))
+    label = "subnetwork.diagonal_laplace" if progress else None
+    g = lo.diag(lo.GGNOp(fn, params, X, Y, likelihood, batch_size=batch_size, progress=label))
     alpha = _canonical_prior(prior_precision, params, None, "diag", None, "subnetwork.diagonal_laplace")
     return largest_variance(params, 1.0 / (g + alpha), size, key=key, strategy="diagonal_laplace")
 
 
 def swag(fn, params, data, likelihood: Likelihood, size: int, *, key: jax.Array, num_steps: int = 1000,
          learning_rate: float = 1e-2, batch_size: int = 32, collect_every: int = 1, prior_precision=0.0,
-         momentum: float = 0.9) -> Subnetwork:
+         momentum: float = 0.9, progress: bool = True) -> Subnetwork:
     r"""Largest marginal variances of diagonal SWAG (Maddox et al., 2019): SGD from ``params``.
 
     SGD with momentum (optax) on the mean negative log-likelihood of random mini-batches (drawn
     with ``key``), plus $\tfrac{\alpha}{2N}\|\theta\|^2$ when ``prior_precision`` $\alpha > 0$
     (default 0, so that weights without data gradients stay put and get no variance), starting
     at ``params``; every ``collect_every`` steps the iterate enters running first and second
-    moments, and the variance is $\overline{\theta^2} - \bar\theta^2$.
+    moments, and the variance is $\overline{\theta^2} - \bar\theta^2$. ``progress``: a bar over the
+    SGD steps (shown after two seconds); False silences it.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -176,6 +180,7 @@ def swag(fn, params, data, likelihood: Likelihood, size: int, *, key: jax.Array,
     import optax
 
     who = "subnetwork.swag"
+    label = who if progress else None
     X, Y = data
     flat, unravel = ravel(params)
     size = _check_size(size, flat.shape[0], who)
@@ -203,6 +208,7 @@ def swag(fn, params, data, likelihood: Likelihood, size: int, *, key: jax.Array,
             take = (t + 1) % collect_every == 0
             m1 = jnp.where(take, m1 + th, m1)
             m2 = jnp.where(take, m2 + th**2, m2)
+            tick(label, t + 1, num_steps, unit="step")
             return (th, state, m1, m2, count + take, t + 1), None
 
         init = (theta, opt.init(theta), jnp.zeros_like(theta), jnp.zeros_like(theta), jnp.asarray(0), jnp.asarray(0))
@@ -288,7 +294,8 @@ def size_for_memory(memory_bytes: int, *, dtype=jnp.float32) -> int:
 
 
 def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Subnetwork, prior_precision=1.0, *,
-                       rescale_prior: bool = True, batch_size: int | None = None, mesh=None) -> LaplacePosterior:
+                       rescale_prior: bool = True, batch_size: int | None = None, mesh=None,
+                       progress: bool = True) -> LaplacePosterior:
     r"""Laplace over a subnetwork: covariance $E_s (E_s^\top G E_s + \lambda_S I)^{-1} E_s^\top$.
 
     $E_s^\top G E_s$ is the dense GGN of the model restricted to the subset
@@ -309,6 +316,8 @@ def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Sub
         batch_size: examples per batch of the GGN.
         mesh: a `jax.sharding.Mesh` with a ``"data"`` axis: the subnetwork's GGN splits the examples
             over its devices (`linops.GGNOp`); the result equals the single-device one.
+        progress: a progress bar over the data's batches of the subnetwork's GGN on stderr, shown once
+            it runs longer than two seconds; False silences it.
 
     Returns:
         A `LaplacePosterior` with ``structure="subnetwork"``: the same interface as every other
@@ -346,16 +355,17 @@ def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Sub
                "GGN, precision and Cholesky factor)", "choose fewer weights: posteriors.subnetwork.size_for_memory "
                "gives the largest S that fits")
     X, Y = data
+    label = f"{who} ({s} weights)" if progress else None
     if isinstance(subnetwork.indices, jax.core.Tracer):
         # Traced (jax.jit, eqx.filter_eval_shape): which leaves hold the weights is unknown, so the
         # subset is scattered into the whole flat vector; same values, derivatives through all leaves.
         indices = subnetwork.indices
         fn_S, theta_S = _restrict_traced(fn, params, indices)
-        G = lo.GGNOp(fn_S, theta_S, X, Y, likelihood, batch_size=batch_size, mesh=mesh).as_matrix()
+        G = lo.GGNOp(fn_S, theta_S, X, Y, likelihood, batch_size=batch_size, mesh=mesh, progress=label).as_matrix()
     else:
         fn_S, theta_S = restrict(fn, params, np.asarray(subnetwork.indices))
         lo.GGNOp(fn_S, theta_S, X, Y, likelihood, batch_size=batch_size, mesh=mesh)  # checks the data, eagerly
-        G = _restricted_ggn(fn, params, X, Y, likelihood, _IndexSet(subnetwork.indices), batch_size, mesh)
+        G = _restricted_ggn(fn, params, X, Y, likelihood, _IndexSet(subnetwork.indices), batch_size, mesh, label)
         indices = jnp.asarray(np.asarray(subnetwork.indices))
     ggn = S.FullGGN(G)
     alpha = _canonical_prior(prior_precision, params, indices, "subnetwork", ggn, who)
@@ -379,10 +389,10 @@ class _IndexSet:
 
 
 @eqx.filter_jit
-def _restricted_ggn(fn, params, X, Y, likelihood, index_set, batch_size, mesh):
+def _restricted_ggn(fn, params, X, Y, likelihood, index_set, batch_size, mesh, progress=None):
     """The dense GGN of ``fn`` restricted to ``index_set``: one program per model, subnetwork and shapes."""
     fn_S, theta_S = restrict(fn, params, index_set.value)
-    return lo.GGNOp(fn_S, theta_S, X, Y, likelihood, batch_size=batch_size, mesh=mesh).as_matrix()
+    return lo.GGNOp(fn_S, theta_S, X, Y, likelihood, batch_size=batch_size, mesh=mesh, progress=progress).as_matrix()
 
 
 def _restrict_traced(fn, params, indices):

@@ -111,8 +111,9 @@ def fit(method: str, fn, params, train, cfg: Config, log: Log):
                                 prior_precision=prior, batch_size=256, progress=bars))
     if method == "subnetwork":
         size = cfg.subnetwork_size or int(pst.subnetwork.last_layer(params).size)
-        sub = pst.subnetwork.diagonal_laplace(fn, params, train, lik, size, prior_precision=prior, key=key)
-        return tune(pst.subnetwork_laplace(fn, params, train, lik, sub, prior))
+        sub = pst.subnetwork.diagonal_laplace(fn, params, train, lik, size, prior_precision=prior, key=key,
+                                              progress=bars)
+        return tune(pst.subnetwork_laplace(fn, params, train, lik, sub, prior, progress=bars))
     if method in ("projected", "loss_projected"):
         options = dict(batch_size=cfg.projection_batch, prior_precision="optimal", key=key, num_trace_samples=20,
                        max_sweeps=cfg.projection_sweeps, progress=bars)

@@ -61,8 +61,9 @@ def _fit(method, fn, params, train, cfg, log):
                            prior_precision=prior)
     if method == "subnetwork":
         size = int(round(cfg.subnetwork_fraction * ravel(params)[0].shape[0]))
-        sub = pst.subnetwork.diagonal_laplace(fn, params, train, lik, size, prior_precision=prior, key=key)
-        return pst.subnetwork_laplace(fn, params, train, lik, sub, prior)
+        sub = pst.subnetwork.diagonal_laplace(fn, params, train, lik, size, prior_precision=prior, key=key,
+                                              progress=not log.quiet)
+        return pst.subnetwork_laplace(fn, params, train, lik, sub, prior, progress=not log.quiet)
     if method == "projected":
         return pst.projected_posterior(fn, params, train, batch_size=8, prior_precision=prior,
                                       progress=not log.quiet)

@@ -57,8 +57,10 @@ def toy_regression(out, quick, log):
         wass = pst.subnetwork.largest_variance(params, marginals, S, key=jax.random.key(100 + S),
                                                strategy="wasserstein")
         rand = pst.subnetwork.random(jax.random.key(S), params, S)
-        posts[f"Wass {frac:.0%} ({S})"] = pst.subnetwork_laplace(fn, params, data, lik, wass, prior)
-        posts[f"Rand {frac:.0%} ({S})"] = pst.subnetwork_laplace(fn, params, data, lik, rand, prior)
+        posts[f"Wass {frac:.0%} ({S})"] = pst.subnetwork_laplace(fn, params, data, lik, wass, prior,
+                                                                     progress=bars)
+        posts[f"Rand {frac:.0%} ({S})"] = pst.subnetwork_laplace(fn, params, data, lik, rand, prior,
+                                                                     progress=bars)
     order = [k for k in posts if k.startswith("Wass")] + [k for k in posts if k.startswith("Rand")] + \
         [k for k in posts if not k.startswith(("Wass", "Rand"))] + ["MAP"]
     fig, axes = plt.subplots(3, 4, figsize=(15, 9), sharex=True, sharey=True)
@@ -106,12 +108,12 @@ def rotated_digits(out, quick, log):
     last = pst.laplace(fn, params, data, lik, structure="last_layer", prior_precision=prior, progress=bars)
     S = int(last.subset.shape[0])  # equal memory: subnetworks of the last layer's size
     swag = pst.subnetwork.swag(fn, params, data, lik, S, key=jax.random.key(5), num_steps=300 if quick else 2000,
-                               learning_rate=1e-3, batch_size=64)
+                               learning_rate=1e-3, batch_size=64, progress=bars)
     rand = pst.subnetwork.random(jax.random.key(6), params, S)
     posts = {"Diag": pst.laplace(fn, params, data, lik, structure="diag", prior_precision=prior, progress=bars),
              "Last layer": last,
-             f"Subnet SWAG-Wass ({S})": pst.subnetwork_laplace(fn, params, data, lik, swag, prior),
-             f"Subnet random ({S})": pst.subnetwork_laplace(fn, params, data, lik, rand, prior)}
+             f"Subnet SWAG-Wass ({S})": pst.subnetwork_laplace(fn, params, data, lik, swag, prior, progress=bars),
+             f"Subnet random ({S})": pst.subnetwork_laplace(fn, params, data, lik, rand, prior, progress=bars)}
     for name in posts:  # every method's prior precision tuned by the evidence
         posts[name], _ = pst.optimize_prior_precision(posts[name], num_steps=100, progress=bars)
     angles = [0, 30, 60, 90] if quick else [0, 15, 30, 45, 60, 75, 90, 120, 150, 180]

@@ -478,7 +478,7 @@ def test_fit_shows_a_progress_bar_over_the_batches_that_can_be_silenced(capsys, 
 
 def test_low_rank_fsp_and_gp_fits_show_progress_bars(capsys, monkeypatch):
     """The low-rank fit's bar counts Lanczos steps and ends at the steps run; FSP-Laplace's its four stages;
-    fit_gp's Adam's steps; progress=False silences each."""
+    fit_gp's Adam's steps, SWAG's SGD steps, the subnetwork GGN's batches; progress=False silences each."""
     import linops._progress
     from linops.kernels import RBF, fit_gp
     from linops.models import from_equinox
@@ -500,6 +500,12 @@ def test_low_rank_fsp_and_gp_fits_show_progress_bars(capsys, monkeypatch):
     jax.effects_barrier()
     err = capsys.readouterr().err
     assert "fit_gp" in err and "5/5" in err and "log marginal likelihood" in err, err
+    sub = pst.subnetwork.swag(fn, params, (X, y), Categorical(), 4, key=jax.random.key(3), num_steps=6, batch_size=8)
+    pst.subnetwork_laplace(fn, params, (X, y), Categorical(), sub, batch_size=16)
+    jax.effects_barrier()
+    err = capsys.readouterr().err
+    assert "subnetwork.swag" in err and "6/6" in err, err
+    assert "subnetwork_laplace (4 weights)" in err and "3/3" in err and err.count("\n") == 2, err
     pst.laplace(fn, params, (X, y), Categorical(), structure="lowrank", rank=3, num_steps=8, key=jax.random.key(2),
                 progress=False)
     pst.fsp_laplace(fn, params, (X, y), RBF(1.0), X[:10], likelihood=Categorical(), progress=False)
