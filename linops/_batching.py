@@ -53,16 +53,26 @@ def batched_sum(fn, data, batch_size: int, progress: str | None = None):
     return total
 
 
-def batched_map(fn, data, batch_size: int):
-    """``concatenate([fn(batch) for batch in batches(data)])`` along the example axis."""
+def batched_map(fn, data, batch_size: int, progress: str | None = None):
+    """``concatenate([fn(batch) for batch in batches(data)])`` along the example axis; ``progress``: the
+    label of a progress bar over the batches, or None."""
     fn = canonical_convolutions(fn)
     full, head, tail = _split(data, batch_size)
+    count = full + (tail is not None)
+    progress = progress if count > 1 else None
     parts = []
     if full:
-        out = lax.map(fn, head)
+        def step(_, indexed):
+            i, batch = indexed
+            out = fn(batch)
+            tick(progress, i + 1, count, unit="batch")
+            return None, out
+
+        out = lax.scan(step, None, (jnp.arange(full), head))[1]
         parts.append(jax.tree_util.tree_map(lambda a: a.reshape((-1,) + a.shape[2:]), out))
     if tail is not None:
         parts.append(fn(tail))
+        tick(progress, count, count, unit="batch", after=parts[0])
     if len(parts) == 1:
         return parts[0]
     return jax.tree_util.tree_map(lambda *a: jnp.concatenate(a, axis=0), *parts)

@@ -31,7 +31,7 @@ from linops.nn._kfac_layers import tapped_vjp
 from linops.nn._kfac_layers import trace_layers as _trace
 
 
-def _variances(fn, params, inputs, batch, weight_term, leaf_variance):
+def _variances(fn, params, inputs, batch, weight_term, leaf_variance, progress=None):
     """``(M, O)``: per input, the reverse passes of every output to the layer outputs and the other leaves;
     ``weight_term(L, a, g)`` gives a layer's contribution per output, ``leaf_variance(i)`` the diagonal
     covariance of leaf ``i`` in no layer."""
@@ -51,7 +51,7 @@ def _variances(fn, params, inputs, batch, weight_term, leaf_variance):
         return total
 
     n = jax.tree_util.tree_leaves(inputs)[0].shape[0]
-    return batched_map(jax.vmap(example), inputs, max(1, min(n, batch)))
+    return batched_map(jax.vmap(example), inputs, max(1, min(n, batch)), progress)
 
 
 def _grouped(L, a, g):
@@ -63,7 +63,7 @@ def _grouped(L, a, g):
 
 
 @eqx.filter_jit
-def kfac_variances(post, inputs, batch: int) -> jax.Array:
+def kfac_variances(post, inputs, batch: int, progress: str | None = None) -> jax.Array:
     """``(M, O)``: $\\operatorname{diag}(J \\Sigma J^\\top)$ of a KFAC `LaplacePosterior`, ``batch`` inputs at a
     time (`jax.lax.map`); one compiled program per posterior structure, model and shapes."""
     ggn = post.ggn
@@ -92,11 +92,11 @@ def kfac_variances(post, inputs, batch: int) -> jax.Array:
         T = jnp.einsum("orgl,rgj->oglj", u, v)
         return total + jnp.einsum("oglj,glj->o", T**2, D)
 
-    return _variances(post.fn, post.params, inputs, batch, weight_term, inverse_eigenvalues)
+    return _variances(post.fn, post.params, inputs, batch, weight_term, inverse_eigenvalues, progress)
 
 
 @eqx.filter_jit
-def diag_variances(post, inputs, batch: int) -> jax.Array:
+def diag_variances(post, inputs, batch: int, progress: str | None = None) -> jax.Array:
     """``(M, O)``: $\\operatorname{diag}(J \\Sigma J^\\top)$ of a diagonal `LaplacePosterior` (``Σ`` diagonal),
     ``batch`` inputs at a time; one compiled program per posterior structure, model and shapes."""
     variance = 1.0 / (post.ggn.g / post.noise_scale + post.prior_precision)  # (P,)
@@ -115,4 +115,4 @@ def diag_variances(post, inputs, batch: int) -> jax.Array:
         T = jnp.einsum("orgl,rgj->oglj", g, a)
         return total + jnp.einsum("oglj,glj->o", T**2, D)
 
-    return _variances(post.fn, post.params, inputs, batch, weight_term, lambda i: per_leaf[i])
+    return _variances(post.fn, post.params, inputs, batch, weight_term, lambda i: per_leaf[i], progress)

@@ -198,7 +198,7 @@ def _gridsearch(post, validation, grid, link, who, label=None):
     bar = new_bar(label, grid.shape[0], "value") if label else None
     values = []
     for a in grid:
-        values.append(nll(_with_subset_prior(post, a, None), Xv, Yv, link=link))
+        values.append(nll(_with_subset_prior(post, a, None), Xv, Yv, link=link, progress=False))
         if bar is not None:
             bar.update(1)
     if bar is not None:

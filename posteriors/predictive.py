@@ -85,7 +85,7 @@ def _plan(M, num_outputs, P, batch_size, output_covariance):
     return 1, max(1, min(num_outputs, ROW_BUDGET // max(P, 1)))  # many outputs: blocks of outputs of one input
 
 
-def _row_values(post, inputs, b, k, output_covariance):
+def _row_values(post, inputs, b, k, output_covariance, progress=None):
     """``(M, O)`` variances (or ``(M, O, O)`` covariances) from chunks of ``b`` inputs x ``k`` outputs of Jacobian
     rows, mapped with `jax.lax.map` (one compiled body; never more rows at once)."""
     fn, params, cov = _parts(post)
@@ -110,7 +110,7 @@ def _row_values(post, inputs, b, k, output_covariance):
         values = jax.lax.map(lambda oc: block(Xc, oc), outs)  # (blocks, b, k)
         return jnp.moveaxis(values, 0, 1).reshape(Xc.shape[0], blocks * k)[:, :num_outputs]
 
-    return batched_map(chunk, inputs, b)
+    return batched_map(chunk, inputs, b, progress)
 
 
 _row_values_jit = eqx.filter_jit(_row_values)
@@ -152,7 +152,7 @@ def _jvp_offsets(post, deltas, inputs):
 
 def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False, output_covariance: bool = False,
                batch_size: int | None = None, key: jax.Array | None = None, num_samples: int | None = None,
-               exact: bool = False):
+               exact: bool = False, progress: bool = True):
     r"""The linearised predictive: mean $f(\theta^*, x)$ and variance $\operatorname{diag} J\Sigma J^\top$.
 
     The variances never hold the ``M O x P`` test Jacobian: its rows come in chunks of inputs (and,
@@ -174,6 +174,8 @@ def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False
         key: a projected posterior's key for fresh predictive samples.
         num_samples: with ``key``, their number (default 100).
         exact: a projected posterior's exact predictive (one projection per Jacobian row).
+        progress: a progress bar over the chunks of test inputs on stderr (the variances of a
+            Laplace-family posterior), shown once they take longer than two seconds; False silences it.
 
     Returns:
         ``(mean (M, O), variance (M, O))``, or the covariances asked for in place of the variances.
@@ -214,13 +216,15 @@ def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False
         check_fits((M * num_outputs**2 + num_outputs * P * 3) * np.dtype(mean.dtype).itemsize,
                    f"the output covariances of {M} inputs x {num_outputs} outputs", "ask for the variances instead")
     b, k = _plan(M, num_outputs, planned, batch_size, output_covariance)
+    label = "linearized predictive" if progress else None
     if isinstance(post, LaplacePosterior) and post.structure in ("kfac", "diag") and not output_covariance:
         # per-layer quadratic forms of activations and output gradients (Kronecker or diagonal): no Jacobian row
         layer_variances = kfac_variances if post.structure == "kfac" else diag_variances
-        return mean, layer_variances(post, inputs, batch_size or max(1, ROW_BUDGET // max(num_outputs * P, 1)))
+        return mean, layer_variances(post, inputs, batch_size or max(1, ROW_BUDGET // max(num_outputs * P, 1)),
+                                     label)
     # one compiled program per posterior structure and shape; a subnetwork's indices must stay concrete
     concrete = _restricted_by_index(post)
-    return mean, (_row_values if concrete else _row_values_jit)(post, inputs, b, k, output_covariance)
+    return mean, (_row_values if concrete else _row_values_jit)(post, inputs, b, k, output_covariance, label)
 
 
 def _restricted_by_index(post):
@@ -295,8 +299,9 @@ def laplace_bridge(mean, covariance):
 
 
 def classification(post: GaussianPosterior, inputs, *, link: str = "probit", key: jax.Array | None = None,
-                   num_samples: int = 100, linearized_samples: bool = True):
+                   num_samples: int = 100, linearized_samples: bool = True, progress: bool = True):
     """Class probabilities ``(M, K)``: ``link`` is ``"probit"``, ``"bridge"`` or ``"mc"`` (needs ``key``).
+    ``progress``: `linearized`'s progress bar (False silences it).
 
     A single-output model is read as a Bernoulli logit (probabilities of class 1, ``(M, 1)``).
 
@@ -321,17 +326,18 @@ def classification(post: GaussianPosterior, inputs, *, link: str = "probit", key
         return jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0)
     sampled = {"key": key, "num_samples": num_samples} if isinstance(post, ProjectedPosterior) else {}
     if link == "bridge":
-        mean, cov = linearized(post, inputs, output_covariance=True, **sampled)
+        mean, cov = linearized(post, inputs, output_covariance=True, progress=progress, **sampled)
         if mean.shape[-1] == 1:
             raise ValueError("classification(link='bridge'): the Laplace bridge needs K >= 2 logits")
         return laplace_bridge(mean, cov)
-    mean, var = linearized(post, inputs, **sampled)
+    mean, var = linearized(post, inputs, progress=progress, **sampled)
     return probit(mean, var, multiclass=mean.shape[-1] > 1)
 
 
-def regression(post: GaussianPosterior, inputs, *, sigma=None):
+def regression(post: GaussianPosterior, inputs, *, sigma=None, progress: bool = True):
     """The Gaussian predictive of a regression: ``(mean, variance)`` with the observation noise
-    $\\sigma^2$ added (``sigma`` default: the posterior's Gaussian likelihood's).
+    $\\sigma^2$ added (``sigma`` default: the posterior's Gaussian likelihood's). ``progress``:
+    `linearized`'s progress bar (False silences it).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -347,12 +353,12 @@ def regression(post: GaussianPosterior, inputs, *, sigma=None):
         if not isinstance(lik, Gaussian) or lik.heteroscedastic:
             raise ValueError("regression: the posterior has no homoscedastic Gaussian likelihood; pass sigma=...")
         sigma = lik.sigma
-    mean, var = linearized(post, inputs)
+    mean, var = linearized(post, inputs, progress=progress)
     return mean, var + jnp.asarray(sigma) ** 2
 
 
 def nll(post: GaussianPosterior, inputs, targets, *, link: str = "probit", key: jax.Array | None = None,
-        num_samples: int = 100) -> jax.Array:
+        num_samples: int = 100, progress: bool = True) -> jax.Array:
     """The predictive negative log-likelihood of ``(inputs, targets)``, summed: Gaussian for a
     Gaussian likelihood, else the classification probabilities (``link``).
 
@@ -367,9 +373,9 @@ def nll(post: GaussianPosterior, inputs, targets, *, link: str = "probit", key: 
     """
     lik = getattr(post, "likelihood", None)
     if isinstance(lik, Gaussian):
-        mean, var = regression(post, inputs)
+        mean, var = regression(post, inputs, progress=progress)
         return 0.5 * jnp.sum(jnp.log(2 * jnp.pi * var) + (targets - mean) ** 2 / var)
-    probs = classification(post, inputs, link=link, key=key, num_samples=num_samples)
+    probs = classification(post, inputs, link=link, key=key, num_samples=num_samples, progress=progress)
     tiny = jnp.finfo(probs.dtype).tiny
     if isinstance(lik, Bernoulli) or probs.shape[-1] == 1:
         return -jnp.sum(targets * jnp.log(probs + tiny) + (1 - targets) * jnp.log(1 - probs + tiny))

@@ -471,7 +471,13 @@ def test_fit_shows_a_progress_bar_over_the_batches_that_can_be_silenced(capsys, 
         jax.effects_barrier()
         err = capsys.readouterr().err
         assert f"laplace(structure='{structure}')" in err and "7/7" in err and err.count("\n") == 1, (structure, err)
-    fit("diag", progress=False)
+    for structure in ("full", "diag", "kfac"):  # the predictive's chunks of test inputs (row or layer rules)
+        pst.predictive.linearized(fit(structure, progress=False), X, batch_size=30)
+        jax.effects_barrier()
+        err = capsys.readouterr().err
+        assert "linearized predictive" in err and "4/4" in err and err.count("\n") == 1, (structure, err)
+    post = fit("diag", progress=False)
+    pst.predictive.classification(post, X, progress=False)
     jax.effects_barrier()
     assert capsys.readouterr().err == ""
 
