@@ -30,7 +30,7 @@ import numpy as np
 from jax import lax
 
 from linops._base import LinearOperator, describe
-from linops._progress import finish_after, tick
+from linops._progress import check_label, finish_after, tick
 from linops._structured import LowRank
 from linops._tags import symmetric
 
@@ -139,6 +139,7 @@ def lanczos(A: LinearOperator, num_steps: int, *, key: jax.Array | None = None, 
                          f"tags {sorted(A.tags)}")
     if not isinstance(num_steps, (int, np.integer)) or not 1 <= num_steps <= n:
         raise ValueError(f"lanczos: num_steps must be an integer in [1, {n}] for {describe(A)}, got {num_steps!r}")
+    check_label(progress, "lanczos")
     if v0 is None:
         if key is None:
             raise ValueError("lanczos: pass a start vector v0 or a PRNG key (key=jax.random.key(0))")

@@ -21,6 +21,13 @@ LOG_INTERVAL = 30.0
 """Seconds between redraws where stderr is not a terminal."""
 
 
+def check_label(progress, who: str) -> None:
+    """A progress option of a linops operation is a label (``str``) or None: anything else is refused."""
+    if progress is not None and not isinstance(progress, str):
+        raise TypeError(f"{who}: progress must be a label (str) or None, got {type(progress).__name__} "
+                        f"{progress!r}")
+
+
 def new_bar(desc: str, total: int | None, unit: str = "it"):
     """A tqdm bar on stderr with this module's delay and redraw interval."""
     from tqdm.auto import tqdm

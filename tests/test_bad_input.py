@@ -113,3 +113,17 @@ def test_a_predictive_on_inputs_the_model_cannot_take_names_the_shapes():
     with pytest.raises(ValueError, match=r"LaplacePosterior: the model fails on the first input \(shape \[\(5,\)\]\)"):
         pst.predictive.linearized(post, jnp.ones((3, 5)))
     assert EVALUATIONS == []
+
+
+def test_a_progress_option_that_is_not_a_label_is_refused_naming_the_operation():
+    """linops operations take a progress bar's label (str) or None; a bool is refused before any work."""
+    model = lambda w, x: x @ w  # noqa: E731
+    w, X, Y = jnp.ones((2, 1)), jnp.ones((3, 2)), jnp.zeros((3, 1))
+    lik = Gaussian(1.0)
+    with pytest.raises(TypeError, match=r"GGNOp: progress must be a label \(str\) or None, got bool True"):
+        lo.GGNOp(model, w, X, Y, lik, progress=True)
+    with pytest.raises(TypeError, match=r"kfac: progress must be a label \(str\) or None, got int 1"):
+        lo.kfac(lambda p, x: p @ x, jnp.ones((1, 2)), X, Y, lik, progress=1)
+    with pytest.raises(TypeError, match=r"lanczos: progress must be a label \(str\) or None, got bool True"):
+        lo.lanczos(lo.Diagonal(jnp.ones(3)), 2, v0=jnp.ones(3), progress=True)
+    assert lo.GGNOp(model, w, X, Y, lik, progress="fit").progress == "fit"

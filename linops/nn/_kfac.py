@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linops._batching import check_mesh, num_examples, sharded_sum
+from linops._progress import check_label
 from linops.memory import check_fits
 from linops.nn._kfac_layers import tapped_vjp
 from linops.nn._kfac_layers import trace_layers as _trace
@@ -165,6 +166,7 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, appro
     if approximation not in APPROXIMATIONS:
         raise ValueError(f"{who}: approximation must be one of {APPROXIMATIONS}, got {approximation!r}")
     _check_batch_size(batch_size, who)
+    check_label(progress, who)
     mesh, axis = check_mesh(mesh, axis, who)
     n, _ = _check_model(fn, params, inputs, who)
     _check_likelihood(likelihood, who)

@@ -20,6 +20,7 @@ from linops import _tags
 from linops._base import LinearOperator, new_key
 from linops._batching import check_mesh as _check_mesh
 from linops._batching import num_examples, sharded_map, sharded_sum
+from linops._progress import check_label
 from linops.nn._layer_dense import dense_chunk, dense_only, layer_dense_ggn
 from linops.nn._layer_diag import layer_diag, layer_plan
 from linops.nn.likelihoods import Likelihood
@@ -101,8 +102,7 @@ class _ModelOperator(LinearOperator):
 
     def _init_model(self, fn, params, inputs, batch_size, who, mesh=None, axis="data", progress=None):
         _check_batch_size(batch_size, who)
-        if progress is not None and not isinstance(progress, str):
-            raise TypeError(f"{who}: progress must be a label (str) or None, got {type(progress).__name__}")
+        check_label(progress, who)
         self.progress = progress
         self.mesh, self.axis = _check_mesh(mesh, axis, who)
         n, o = _check_model(fn, params, inputs, who)
