@@ -40,8 +40,9 @@ def new_bar(desc: str, total: int | None, unit: str = "it"):
 _BARS: dict = {}  # label -> the open bar of the operation running under that label
 
 
-def update(label, unit, done, total, note=""):
-    """On the host: the bar ``label`` stands at ``done`` of ``total`` (see `tick`)."""
+def update(label, unit, done, total, note="", close_at_total=True):
+    """On the host: the bar ``label`` stands at ``done`` of ``total`` (see `tick`); reaching ``total`` closes
+    it unless ``close_at_total`` is False (the operation then ends it with `finish`, and its outcome)."""
     done, total = int(done), int(total)
     bar = _BARS.get(label)
     if bar is None or done <= 1 or done < bar.n:  # a new run of the operation
@@ -51,7 +52,7 @@ def update(label, unit, done, total, note=""):
     bar.update(done - bar.n)
     if note:
         bar.set_postfix_str(note, refresh=False)
-    if done >= total:
+    if done >= total and close_at_total:
         close(label)
 
 

@@ -350,8 +350,9 @@ class _Progress:
         self.total = int(max_sweeps) + self.offset
 
     def step(self, sweep, residual):
+        # the last sweep leaves the bar open: `done` ends it with the outcome (NOT converged, at the cap)
         _progress.update(self.label, "sweep", int(sweep) + self.offset, self.total,
-                         f"{self.measure} {float(residual):.2e}")
+                         f"{self.measure} {float(residual):.2e}", close_at_total=False)
 
     def done(self, sweeps, residual, converged):
         state = "converged" if converged else "NOT converged"

@@ -186,6 +186,20 @@ def test_progress_bar_ends_at_the_sweeps_run_with_the_outcome(capsys, monkeypatc
     assert _error(r.value, null, x) < 1e-7
 
 
+def test_progress_bar_of_a_projection_stopped_at_its_cap_says_not_converged(capsys, monkeypatch):
+    """A projection that runs into max_sweeps ends its bar with the outcome, not a silent full bar."""
+    import linops._progress
+
+    monkeypatch.setattr(linops._progress, "DELAY", 0.0)
+    params, X, _, _, x = _setup(12, 8)
+    A = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3, method="plain", max_sweeps=3,
+                                                 rtol=1e-12, progress=True)
+    r = _project(A, x)
+    jax.effects_barrier()
+    err = capsys.readouterr().err
+    assert not bool(r.converged) and "NOT converged after 3 sweeps" in err and err.count("\n") == 1, err
+
+
 def test_progress_is_one_bar_per_projection(capsys, monkeypatch):
     import linops._progress
 
