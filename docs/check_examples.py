@@ -89,6 +89,7 @@ def check(path: Path) -> bool:
 PUBLIC_MODULES = ("linops", "linops.testing", "linops.testing.strategies", "linops.kernels", "linops.likelihoods",
                   "linops.models", "linops.memory", "linops.tags", "posteriors", "posteriors.data",
                   "posteriors.metrics", "posteriors.predictive", "posteriors.subnetwork", "posteriors.context",
+                  "posteriors.swag_posterior", "posteriors.ensemble",
                   "posteriors.cli")
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 # documentation read.
 if TYPE_CHECKING:
     from posteriors import context, data, metrics, predictive, subnetwork
+    from posteriors.ensemble import DeepEnsemble, deep_ensemble
     from posteriors.fsp import FSPInfo, FSPLaplacePosterior, GPPrior, fsp_laplace, fsp_objective, rkhs_norm
     from posteriors.gaussian import GaussianPosterior, LowRankPosterior
     from posteriors.io import load, save
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
         projected_posterior,
     )
     from posteriors.subnetwork import Subnetwork, subnetwork_laplace
+    from posteriors.swag_posterior import SWAGPosterior, swag
 
 _SUBMODULES = ("context", "data", "metrics", "predictive", "subnetwork")
 _HOMES = {
@@ -42,6 +44,8 @@ _HOMES = {
     "posteriors.projected": ("ProjectedPosterior", "loss_projected_posterior", "optimal_prior_precision",
                              "projected_posterior"),
     "posteriors.subnetwork": ("Subnetwork", "subnetwork_laplace"),
+    "posteriors.swag_posterior": ("SWAGPosterior", "swag"),
+    "posteriors.ensemble": ("DeepEnsemble", "deep_ensemble"),
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 
@@ -71,5 +75,5 @@ __all__ = [
     "marginal_log_likelihood", "optimize_prior_precision", "subnetwork", "Subnetwork", "subnetwork_laplace",
     "FSPInfo", "FSPLaplacePosterior", "fsp_laplace", "fsp_objective", "GaussianPosterior", "GPPrior",
     "LowRankPosterior", "loss_projected_posterior", "optimal_prior_precision", "ProjectedPosterior",
-    "projected_posterior", "rkhs_norm",
+    "projected_posterior", "rkhs_norm", "SWAGPosterior", "swag", "DeepEnsemble", "deep_ensemble",
 ]

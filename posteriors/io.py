@@ -48,11 +48,12 @@ _NOT_STORED = object()
 
 
 def _check_posterior(obj, who: str, what: str) -> None:
+    from posteriors.ensemble import DeepEnsemble
     from posteriors.gaussian import GaussianPosterior
 
-    if not isinstance(obj, GaussianPosterior):
-        raise TypeError(f"{who}: {what} must be a posterior (a posteriors.GaussianPosterior, e.g. from pst.laplace), "
-                        f"got {type(obj).__module__}.{type(obj).__qualname__}")
+    if not isinstance(obj, (GaussianPosterior, DeepEnsemble)):
+        raise TypeError(f"{who}: {what} must be a posterior (a posteriors.GaussianPosterior, e.g. from pst.laplace, "
+                        f"or a posteriors.DeepEnsemble), got {type(obj).__module__}.{type(obj).__qualname__}")
 
 
 def _leaf_entry(name: str, x, who: str, template: bool) -> dict:

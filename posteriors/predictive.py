@@ -30,6 +30,7 @@ from linops.likelihoods import Bernoulli, Categorical, Gaussian
 from linops.memory import check_fits
 from linops.models import ravel
 from posteriors._layer_predictive import diag_variances, kfac_variances
+from posteriors.ensemble import DeepEnsemble
 from posteriors.gaussian import GaussianPosterior, LowRankPosterior
 from posteriors.laplace_family import LaplacePosterior
 from posteriors.projected import ProjectedPosterior
@@ -189,6 +190,7 @@ def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False
         >>> pst.predictive.linearized(post, jnp.array([[2.0]]))[1]     # 2^2 / (3 + 1)
         Array([[1.]], dtype=float32)
     """
+    _no_linearisation(post, "linearized")
     mean = post.map_outputs(inputs)
     if isinstance(post, LowRankPosterior):
         if full_covariance:
@@ -227,6 +229,13 @@ def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False
     return mean, (_row_values if concrete else _row_values_jit)(post, inputs, b, k, output_covariance, label)
 
 
+def _no_linearisation(post, who):
+    if isinstance(post, DeepEnsemble):
+        raise TypeError(f"{who}: a DeepEnsemble has no linearisation (it is a mixture of {post.num_members} networks, "
+                        "not a Gaussian around one): use classification(ens, x), regression(ens, x) or "
+                        "monte_carlo(ens, key, x, n, linearized=False)")
+
+
 def _restricted_by_index(post):
     """A subnetwork posterior: its space is a set of flat parameter indices, not whole leaves."""
     return isinstance(post, LaplacePosterior) and post.subset is not None and post.subset_leaves is None
@@ -234,7 +243,9 @@ def _restricted_by_index(post):
 
 def monte_carlo(post: GaussianPosterior, key: jax.Array, inputs, num_samples: int, *, linearized: bool = True):
     """Output samples, shape ``(num_samples, M, O)``: of the linearised model, or (``linearized=False``)
-    of the network itself at parameter samples.
+    of the network itself at parameter samples (the paper's predictive for SWAG, and for last-layer and
+    diagonal Laplace in the projected-Bayes paper). A `DeepEnsemble` (no linearisation) needs
+    ``linearized=False``: its samples are members drawn at random.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -246,6 +257,7 @@ def monte_carlo(post: GaussianPosterior, key: jax.Array, inputs, num_samples: in
         (4, 5, 1)
     """
     if linearized:
+        _no_linearisation(post, "monte_carlo")
         return post.predictive_samples(key, inputs, num_samples)
     thetas = post.sample(key, num_samples)
     return jax.vmap(lambda t: jax.vmap(post.fn, in_axes=(None, 0))(post.unravel(t), inputs))(thetas)
@@ -303,7 +315,9 @@ def classification(post: GaussianPosterior, inputs, *, link: str = "probit", key
     """Class probabilities ``(M, K)``: ``link`` is ``"probit"``, ``"bridge"`` or ``"mc"`` (needs ``key``).
     ``progress``: `linearized`'s progress bar (False silences it).
 
-    A single-output model is read as a Bernoulli logit (probabilities of class 1, ``(M, 1)``).
+    A single-output model is read as a Bernoulli logit (probabilities of class 1, ``(M, 1)``). A
+    `DeepEnsemble` returns its exact predictive, the members' mean probabilities, for ``"probit"`` (the
+    default) and ``"mc"`` alike (``key`` is not needed); ``"bridge"`` is refused.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -317,6 +331,11 @@ def classification(post: GaussianPosterior, inputs, *, link: str = "probit", key
     """
     if link not in ("probit", "bridge", "mc"):
         raise ValueError(f"classification: link must be 'probit', 'bridge' or 'mc', got {link!r}")
+    if isinstance(post, DeepEnsemble):
+        if link == "bridge":
+            raise ValueError("classification(link='bridge'): a DeepEnsemble is no Gaussian over the logits; its "
+                             "predictive is the members' mean probabilities (link='probit' or 'mc')")
+        return post.classification(inputs)
     if link == "mc":
         if key is None:
             raise ValueError("classification(link='mc'): pass key=jax.random.key(...)")
@@ -336,8 +355,8 @@ def classification(post: GaussianPosterior, inputs, *, link: str = "probit", key
 
 def regression(post: GaussianPosterior, inputs, *, sigma=None, progress: bool = True):
     """The Gaussian predictive of a regression: ``(mean, variance)`` with the observation noise
-    $\\sigma^2$ added (``sigma`` default: the posterior's Gaussian likelihood's). ``progress``:
-    `linearized`'s progress bar (False silences it).
+    $\\sigma^2$ added (``sigma`` default: the posterior's Gaussian likelihood's); a `DeepEnsemble`'s is its
+    mixture's mean and variance. ``progress``: `linearized`'s progress bar (False silences it).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -353,6 +372,8 @@ def regression(post: GaussianPosterior, inputs, *, sigma=None, progress: bool = 
         if not isinstance(lik, Gaussian) or lik.heteroscedastic:
             raise ValueError("regression: the posterior has no homoscedastic Gaussian likelihood; pass sigma=...")
         sigma = lik.sigma
+    if isinstance(post, DeepEnsemble):
+        return post.regression(inputs, sigma)
     mean, var = linearized(post, inputs, progress=progress)
     return mean, var + jnp.asarray(sigma) ** 2
 

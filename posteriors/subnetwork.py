@@ -35,13 +35,13 @@ import jax.numpy as jnp
 import numpy as np
 
 import linops as lo
-from linops._progress import tick
 from linops.likelihoods import Likelihood
 from linops.memory import check_fits, format_bytes
-from linops.models import canonical_convolutions, check_indices, ravel, restrict
+from linops.models import check_indices, ravel, restrict
 from posteriors import _structures as S
 from posteriors._checks import check_data, check_likelihood, check_params
 from posteriors.laplace_family import LaplacePosterior, _canonical_prior, last_layer_leaves, make_posterior
+from posteriors.swag_posterior import _sgd_moments
 
 #: What `subnetwork_laplace` keeps per subnetwork weight pair: the GGN block, its Cholesky factor
 #: and the covariance, each S x S.
@@ -177,46 +177,13 @@ def swag(fn, params, data, likelihood: Likelihood, size: int, *, key: jax.Array,
         >>> sub.indices, float(sub.scores[1])                  # w[1] has no gradient: it never moves
         (Array([0], dtype=int32), 0.0)
     """
-    import optax
-
     who = "subnetwork.swag"
-    label = who if progress else None
-    X, Y = data
-    flat, unravel = ravel(params)
+    flat, _ = ravel(params)
     size = _check_size(size, flat.shape[0], who)
-    n = X.shape[0]
-    batch_size = min(int(batch_size), n)
-    lik_axis = 0 if likelihood.per_example else None
-    alpha = jnp.asarray(prior_precision, flat.dtype)
-
-    def loss(theta, idx):
-        out = jax.vmap(fn, in_axes=(None, 0))(unravel(theta), X[idx])
-        lik = jax.tree_util.tree_map(lambda a: a[idx], likelihood) if lik_axis == 0 else likelihood
-        nll = jnp.mean(jax.vmap(lambda lk, f, y: lk.nll(f, y), in_axes=(lik_axis, 0, 0))(lik, out, Y[idx]))
-        return nll + 0.5 * alpha * jnp.sum(theta**2) / n
-
-    opt = optax.sgd(learning_rate, momentum=momentum)
-
-    @jax.jit
-    def run(theta):
-        def step(carry, k):
-            th, state, m1, m2, count, t = carry
-            idx = jax.random.choice(k, n, (batch_size,), replace=False)
-            grads = jax.grad(loss)(th, idx)
-            updates, state = opt.update(grads, state, th)
-            th = optax.apply_updates(th, updates)
-            take = (t + 1) % collect_every == 0
-            m1 = jnp.where(take, m1 + th, m1)
-            m2 = jnp.where(take, m2 + th**2, m2)
-            tick(label, t + 1, num_steps, unit="step")
-            return (th, state, m1, m2, count + take, t + 1), None
-
-        init = (theta, opt.init(theta), jnp.zeros_like(theta), jnp.zeros_like(theta), jnp.asarray(0), jnp.asarray(0))
-        (_, _, m1, m2, count, _), _ = jax.lax.scan(canonical_convolutions(step), init, jax.random.split(key, num_steps))
-        mean = m1 / count
-        return jnp.clip(m2 / count - mean**2, 0.0)
-
-    variances = run(flat)
+    _, variances, _, _ = _sgd_moments(fn, params, data, likelihood, key=key, num_steps=num_steps,
+                                     collect_every=collect_every, learning_rate=learning_rate, batch_size=batch_size,
+                                     prior_precision=prior_precision, momentum=momentum, rank=0,
+                                     label=who if progress else None)
     return largest_variance(params, variances, size, strategy="swag")
 
 
