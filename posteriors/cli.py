@@ -22,11 +22,11 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from posteriors.experiments.methods import DEFAULT_METHODS, METHODS, PROJECTED_METHODS
+from posteriors.experiments.methods import CLASSIFICATION_METHODS, DEFAULT_METHODS, METHODS, PROJECTED_METHODS
 
 COMMANDS = {
     "demo": "every posterior on digits 0-4: the comparison table, figures, and the in-between toy",
-    "projected": "the projected-Bayes paper's tables 2-3 and figure 6 (MNIST subset by default)",
+    "projected": "the projected-Bayes paper's tables 2-3 and figure 6 on its protocol: LeNet-5 on MNIST digits",
     "inbetween": "in-between uncertainty on a 1-D toy regression (projected-Bayes figure 4)",
     "subnetwork": "subnetwork inference: toy regression and rotated digits (figures 2 and 4)",
     "fsp": "FSP-Laplace: toy regression, two moons, Mauna Loa CO2 (figure 1, C.5-C.6, table 1)",
@@ -53,16 +53,28 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("demo", "projected"):
             p.add_argument("--dataset", choices=["digits", "mnist"], default=argparse.SUPPRESS,
                            help=f"the offline image data (default: {'digits' if name == 'demo' else 'mnist'})")
+        if name == "projected":
+            p.add_argument("--architecture", choices=["lenet5", "resnet", "mlp"], default="lenet5",
+                           help="the network (default: %(default)s, the paper's for MNIST; resnet: the paper's "
+                                "for CIFAR-10 and SVHN, here on the same digits)")
+            p.add_argument("--max-train", type=int, default=None, metavar="N",
+                           help="train on at most N images, validation included (default: all 4,000 of the "
+                                "training split; --quick: 500). The projections' cost grows with N")
+            p.add_argument("--in-classes", default="0,1,2,3,4,5,6,7,8,9",
+                           help="comma-separated classes to train on (default: all ten, as the paper; the rest "
+                                "become an OOD set of held-out classes)")
         if name in ("demo", "projected", "inbetween"):
+            known = METHODS if name == "inbetween" else CLASSIFICATION_METHODS
             chosen = {"demo": DEFAULT_METHODS, "projected": PROJECTED_METHODS, "inbetween": METHODS}[name]
-            p.add_argument("--methods", help=f"comma-separated methods, from: {', '.join(METHODS)} (default: "
-                                             f"{'all' if chosen == METHODS else ', '.join(chosen)})")
+            p.add_argument("--methods", help=f"comma-separated methods, from: {', '.join(known)} (default: "
+                                             f"{'all' if chosen == known else ', '.join(chosen)})")
         if name == "fsp":
             p.add_argument("--parts", default="regression,two_moons,maunaloa",
                            help="comma-separated parts (default: %(default)s)")
     _common_options(parser)
     parser.add_argument("--dataset", choices=["digits", "mnist"], default=None, help=argparse.SUPPRESS)
     parser.add_argument("--methods", help=argparse.SUPPRESS)
+    parser.set_defaults(architecture="lenet5", in_classes="0,1,2,3,4,5,6,7,8,9", max_train=None)
     return parser
 
 
@@ -92,24 +104,54 @@ def _methods(text, known, who):
     return methods
 
 
+PAPER_PRIOR_GRID = (0.1, 1.0, 5.0, 10.0, 50.0, 100.0)
+"""The projected-Bayes paper's grid for the baselines' prior precision (appendix C.3)."""
+
+
+def _classes(text, who):
+    try:
+        classes = tuple(int(c) for c in text.split(",") if c.strip())
+    except ValueError:
+        classes = ()
+    if len(classes) < 2 or len(set(classes)) != len(classes) or not all(0 <= c <= 9 for c in classes):
+        raise SystemExit(f"python -m posteriors {who}: --in-classes must be two or more distinct digits 0-9 "
+                         f"separated by commas, got {text!r}")
+    return classes
+
+
 def _classification_config(args, command):
     from posteriors.experiments.classification import Config
 
-    methods = _methods(args.methods, METHODS, command)
+    methods = _methods(args.methods, CLASSIFICATION_METHODS, command)
     if methods is None:
         methods = DEFAULT_METHODS if command == "demo" else PROJECTED_METHODS
     dataset = args.dataset or ("digits" if command == "demo" else "mnist")
     cfg = Config(dataset=dataset, methods=methods, seed=args.seed)
-    if dataset == "mnist":
+    if command == "projected":
+        # the paper's appendix C.3: LeNet, Adam 1e-3, prior grid on validation, network predictive for the
+        # last-layer and diagonal baselines (and SWAG), 30 samples, projections of batch 16 and 1,000 sweeps
+        architecture = args.architecture if dataset == "mnist" else "mlp"
+        cfg = dataclasses.replace(cfg, architecture=architecture, in_classes=_classes(args.in_classes, command),
+                                  learning_rate=1e-3, steps=3000, num_samples=30, prior_grid=PAPER_PRIOR_GRID,
+                                  validation_fraction=0.1, network_predictive=("diag", "last_layer", "swag"),
+                                  projection_batch=16, projection_sweeps=1000)
+    elif dataset == "mnist":
         cfg = dataclasses.replace(cfg, width=64, batch_size=128, steps=4000, fsp_context=200)
     if args.quick:
-        cfg = dataclasses.replace(cfg, steps=1000, num_samples=30, projection_sweeps=200, fsp_steps=600,
-                                  marglik_steps=50, angles=(0, 45, 90, 180),
-                                  max_train=1000 if dataset == "mnist" else None)
+        mnist = dataset == "mnist"
+        cfg = dataclasses.replace(cfg, steps=1000, num_samples=30, fsp_steps=600, marglik_steps=50,
+                                  angles=(0, 45, 90, 180), ensemble_members=3,
+                                  projection_sweeps=100 if command == "projected" else 200,
+                                  max_train=(500 if command == "projected" else 1000) if mnist else None,
+                                  max_test=500 if mnist else None)
+    if command == "projected" and args.max_train is not None:
+        if args.max_train < 20:
+            raise SystemExit(f"python -m posteriors projected: --max-train must be at least 20, got {args.max_train}")
+        cfg = dataclasses.replace(cfg, max_train=args.max_train)
     if args.smoke:
         cfg = dataclasses.replace(cfg, max_train=150, max_test=100, width=16, steps=200, num_samples=10,
                                   projection_sweeps=30, fsp_steps=50, fsp_context=20, marglik_steps=10, lowrank=5,
-                                  angles=(0, 90))
+                                  angles=(0, 90), swag_snapshots=4, ensemble_members=2)
     return cfg
 
 
@@ -215,7 +257,7 @@ def _run(command, args, out: Path) -> int:
     elif command == "subnetwork":
         from posteriors.experiments import subnetwork
 
-        summary = subnetwork.run(out, quick, log)
+        summary = subnetwork.run(out, "smoke" if args.smoke else "quick" if args.quick else "full", log)
         print(_subnetwork_text(summary))
     elif command == "fsp":
         from posteriors.experiments import fsp
@@ -229,14 +271,20 @@ def _run(command, args, out: Path) -> int:
 
 
 def _subnetwork_text(summary) -> str:
-    lines = ["## Subnetwork inference", "", "Toy regression: mean predictive std in the gap", ""]
-    for name, v in summary["toy_regression"]["methods"].items():
-        lines.append(f"- {name}: {v['mean_std_in_gap']:.3f}")
-    rd = summary["rotated_digits"]
-    lines += ["", f"Rotated digits (subnetworks of {rd['subnetwork_size']} of {rd['num_params']} weights): "
-              "test log-likelihood by angle", "", "| method | " + " | ".join(f"{a}°" for a in rd["angles"]) + " |",
-              "|---|" + "---:|" * len(rd["angles"])]
-    for name, res in rd["results"].items():
+    toy = summary["toy_regression"]
+    lines = ["## Subnetwork inference", "",
+             f"Toy regression ({toy['num_weights']} weights; {toy['weights_without_data_gradient']} without data "
+             "gradient): predictive std against the full covariance's", "",
+             "| method | size | std in gap | std on data | error vs full |", "|---|---:|---:|---:|---:|"]
+    for name, v in toy["methods"].items():
+        err = f"{v['error_vs_full']:.3f}" + (f" ± {v['error_vs_full_sd']:.3f}" if "error_vs_full_sd" in v else "")
+        lines.append(f"| {name} | {v['size'] if v['size'] is not None else '—'} | {v['mean_std_in_gap']:.3f} | "
+                     f"{v['mean_std_on_data']:.3f} | {err} |")
+    rm = summary["rotated_mnist"]
+    lines += ["", f"Rotated MNIST (LeNet-5, {rm['num_params']} parameters; subnetworks of {rm['subnetwork_size']}): "
+              "test log-likelihood by angle", "", "| method | " + " | ".join(f"{a}°" for a in rm["angles"]) + " |",
+              "|---|" + "---:|" * len(rm["angles"])]
+    for name, res in rm["results"].items():
         lines.append(f"| {name} | " + " | ".join(f"{v:.2f}" for v in res["log_likelihood"]) + " |")
     return "\n".join(lines)
 

@@ -182,6 +182,59 @@ def noise_images(key: jax.Array, n: int, shape) -> np.ndarray:
     return np.asarray(jax.random.uniform(key, (n, *tuple(shape))), np.float32)
 
 
+def digits_as_mnist() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's 1,797 digits (`digits`) framed like MNIST: each 8 x 8 image enlarged to 20 x 20 (bilinear)
+    and centred in a 28 x 28 field, as MNIST centres its digits. Another digit set for a network trained on
+    MNIST (written by other people, scanned at another resolution): a domain shift, not new classes.
+
+    Returns:
+        ``(images, labels)``: ``(1797, 28, 28)`` float32 in ``[0, 1]`` and ``(1797,)`` int32.
+
+    Examples:
+        >>> from posteriors import data
+        >>> images, labels = data.digits_as_mnist()
+        >>> images.shape, float(images[:, :4].max()), float(images.max()) <= 1.0     # a blank 4-pixel border
+        ((1797, 28, 28), 0.0, True)
+    """
+    ndimage = _need("scipy.ndimage", "digits_as_mnist")
+    images, labels = digits()
+    big = np.clip(ndimage.zoom(images, (1, 20 / 8, 20 / 8), order=1), 0.0, 1.0)
+    out = np.zeros((len(images), 28, 28), np.float32)
+    out[:, 4:24, 4:24] = big
+    return out, labels
+
+
+def photo_patches(key: jax.Array, n: int, side: int = 28) -> np.ndarray:
+    """``n`` grey-scale ``side x side`` crops, at random places, of the two photographs that ship with
+    scikit-learn (`sklearn.datasets.load_sample_images`: a temple and a flower), each crop rescaled to
+    ``[0, 1]``: natural images, an out-of-distribution set for digits that needs no download.
+
+    Examples:
+        >>> import jax
+        >>> from posteriors import data
+        >>> patches = data.photo_patches(jax.random.key(0), 5)
+        >>> patches.shape, float(patches.min()), float(patches.max())
+        ((5, 28, 28), 0.0, 1.0)
+    """
+    mod = _need("sklearn.datasets", "photo_patches")
+    n = _check_count(n, "photo_patches")
+    side = _check_count(side, "photo_patches", "side")
+    photos = [np.asarray(img, np.float32).mean(axis=-1) for img in mod.load_sample_images().images]
+    k_photo, k_row, k_col = jax.random.split(key, 3)
+    which = np.asarray(jax.random.randint(k_photo, (n,), 0, len(photos)))
+    rows = np.asarray(jax.random.uniform(k_row, (n,)))
+    cols = np.asarray(jax.random.uniform(k_col, (n,)))
+    out = np.empty((n, side, side), np.float32)
+    for i in range(n):
+        photo = photos[which[i]]
+        r = int(rows[i] * (photo.shape[0] - side))
+        c = int(cols[i] * (photo.shape[1] - side))
+        crop = photo[r:r + side, c:c + side]
+        low, high = crop.min(), crop.max()
+        out[i] = (crop - low) / max(high - low, 1e-6)
+    return out
+
+
 def moons(key: jax.Array, n: int, noise: float = 0.1) -> tuple[jax.Array, jax.Array]:
     """Two interleaving half circles (scikit-learn's ``make_moons`` construction), ``n // 2`` and the rest, shuffled.
 
@@ -271,5 +324,5 @@ def co2() -> tuple[np.ndarray, np.ndarray]:
     return t[keep], y[keep]
 
 
-__all__ = ["IMAGE_DATASETS", "co2", "digits", "inbetween", "load_images", "mnist", "moons", "noise_images",
-           "rotate", "sine_gap", "split_classes", "train_test_split"]
+__all__ = ["IMAGE_DATASETS", "co2", "digits", "digits_as_mnist", "inbetween", "load_images", "mnist", "moons",
+           "noise_images", "photo_patches", "rotate", "sine_gap", "split_classes", "train_test_split"]

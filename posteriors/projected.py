@@ -38,6 +38,10 @@ class ProjectedPosterior(GaussianPosterior):
             ``(P, k)`` (None without ``"optimal"``); `trace_samples` turns them into samples.
         projection_converged: whether every probe's projection converged (None without
             ``"optimal"``).
+        projection_sweeps: the most sweeps a probe's projection ran (None without ``"optimal"``).
+        projection_residual: the largest kernel residual $\|J\Pi\varepsilon\| / \|J\varepsilon\|$ of the
+            probes (0 for an exact projection; None without ``"optimal"``): how far the trace draws, and
+            so $\alpha^*$, are from an exact projector's.
 
     Convergence policy: a projection that did not converge is not exactly in $\ker J$, so its samples
     move the training predictions. It is never passed on silently: building the posterior warns
@@ -51,6 +55,8 @@ class ProjectedPosterior(GaussianPosterior):
     trace_estimate: lo.Estimate | None
     trace_draws: jax.Array | None
     projection_converged: jax.Array | None = None
+    projection_sweeps: jax.Array | None = None
+    projection_residual: jax.Array | None = None
 
     @property
     def covariance(self) -> lo.LinearOperator:
@@ -111,7 +117,8 @@ def optimal_prior_precision(projection: lo.AlternatingProjectionOp, theta, key, 
 
 
 def _optimal(projection, theta, key, num_samples):
-    """``(alpha, estimate, draws, converged)``; refuses a rank that is not significantly positive."""
+    """``(alpha, estimate, draws, result)`` (``result``: the probes' `linops.Projection`, whose value is
+    ``draws``); refuses a rank that is not significantly positive."""
     who = "optimal_prior_precision"
     if num_samples < 2:
         raise ValueError(f"{who}: num_samples must be >= 2 for a standard error, got {num_samples}")
@@ -139,7 +146,7 @@ def _optimal(projection, theta, key, num_samples):
                              "pass a positive prior_precision")
     else:
         rank = eqx.error_if(rank, bad, message)
-    return rank / norm2, estimate, draws, jnp.all(result.converged)
+    return rank / norm2, estimate, draws, result
 
 
 def _warn_unconverged(result, who, what):
@@ -169,11 +176,13 @@ def _check_prior(prior_precision, key, who):
 def _build(fn, params, projection, prior_precision, key, num_trace_samples):
     flat, unravel = ravel(params)
     if isinstance(prior_precision, str):
-        alpha, estimate, draws, converged = _optimal(projection, flat, key, num_trace_samples)
+        alpha, estimate, draws, result = _optimal(projection, flat, key, num_trace_samples)
+        record = dict(projection_converged=jnp.all(result.converged), projection_sweeps=jnp.max(result.sweeps),
+                      projection_residual=jnp.max(result.kernel_residual))
     else:
-        alpha, estimate, draws, converged = jnp.asarray(prior_precision, flat.dtype), None, None, None
+        alpha, estimate, draws, record = jnp.asarray(prior_precision, flat.dtype), None, None, {}
     return ProjectedPosterior(fn=fn, params=params, unravel=unravel, projection=projection, prior_precision=alpha,
-                              trace_estimate=estimate, trace_draws=draws, projection_converged=converged)
+                              trace_estimate=estimate, trace_draws=draws, **record)
 
 
 def projected_posterior(fn, params, data, *, batch_size: int, prior_precision=1.0, key=None,

@@ -17,11 +17,11 @@ from linops.models import canonical_convolutions, ravel
 from posteriors.experiments.methods import LABELS, METHODS  # noqa: F401  (re-exported to the experiments)
 
 
-def check_methods(methods) -> tuple:
-    """The requested method names, or a `ValueError` listing the known ones."""
-    unknown = [m for m in methods if m not in METHODS]
+def check_methods(methods, known=METHODS) -> tuple:
+    """The requested method names, or a `ValueError` listing the ``known`` ones."""
+    unknown = [m for m in methods if m not in known]
     if unknown or not methods:
-        raise ValueError(f"unknown method(s) {unknown or list(methods)}; choose from {', '.join(METHODS)}")
+        raise ValueError(f"unknown method(s) {unknown or list(methods)}; choose from {', '.join(known)}")
     return tuple(methods)
 
 

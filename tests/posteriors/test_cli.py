@@ -124,18 +124,24 @@ def test_inbetween_command(tmp_path):
 def test_subnetwork_command(tmp_path):
     out = _run(tmp_path, "subnetwork")
     summary = json.loads((out / "subnetwork_summary.json").read_text())
-    assert summary["toy_regression"]["num_params"] > 0 and summary["rotated_digits"]["angles"][0] == 0
-    assert (out / "subnetwork_regression.png").stat().st_size > 0
+    toy = summary["toy_regression"]
+    assert toy["num_weights"] < toy["num_params"]  # inference over the weights, not the biases (appendix D.1)
+    assert toy["methods"]["Full cov"]["error_vs_full"] == 0.0
+    assert set(toy["beats_random"]) == {"Wass", "Wass, data-constrained", "Predictive effect"}
+    assert summary["rotated_mnist"]["angles"][0] == 0
+    assert {"SWAG", "Deep ensemble", "MAP"} <= set(summary["rotated_mnist"]["results"])
+    for name in ("subnetwork_regression.png", "subnetwork_rotated_mnist.png"):
+        assert (out / name).stat().st_size > 0
 
 
 @pytest.mark.slow
 def test_fsp_command(tmp_path):
     out = _run(tmp_path, "fsp", "--parts", "maunaloa")
     rows = json.loads((out / "fsp_maunaloa.json").read_text())["rows"]
-    assert set(rows) == {"FSP-Laplace (RW kernel)", "Laplace (full, isotropic prior)",
-                         "GP (RW kernel, exact; reference)"}
+    assert set(rows) == {"FSP-Laplace (RW kernel)", "FSP-Laplace (RW kernel), float64",
+                         "Laplace (full, isotropic prior)", "GP (RW kernel, exact; reference)"}
     for row in rows.values():
-        assert row["test_mse"] > 0 and row["test_log_likelihood"] < 10
+        assert row["test_mse"] > 0 and row["test_log_likelihood_per_month"] < 10
     assert (out / "fsp_maunaloa.png").stat().st_size > 0
 
 

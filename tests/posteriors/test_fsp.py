@@ -52,12 +52,12 @@ def _dense_algorithm2(params, X, Y, C, kernel, likelihood, L, rtol):
         H[i * k:(i + 1) * k, i * k:(i + 1) * k] = Hi
     G = JX.T @ H @ JX
     M = JC.T @ np.asarray(L)
-    w, U = np.linalg.eigh(M @ M.T)  # M M^T = U_M D_M^2 U_M^T
-    keep = w > rtol * w.max()
-    U_M, D2 = U[:, keep], w[keep]
-    A = np.diag(D2) + U_M.T @ G @ U_M
+    U, D, _ = np.linalg.svd(M, full_matrices=False)  # M's singular values (not M M^T's eigenvalues: squaring
+    keep = D > rtol * D.max()                          # would bury those below sqrt(eps) in rounding)
+    U_M, D2 = U[:, keep], D[keep] ** 2
+    A = np.diag(D2) + U_M.T @ G @ U_M  # positive definite: inverted exactly, no cut-off
     D_A, U_A = np.linalg.eigh(A)
-    inv = np.where(D_A > rtol * D_A.max(), 1.0 / D_A, 0.0)
+    inv = 1.0 / D_A
     S = U_M @ U_A * np.sqrt(inv)[None, :]
     prior_var = np.diag(np.asarray(kernel(C)))
     JS2 = (JC @ S) ** 2
@@ -123,19 +123,26 @@ def test_posterior_variance_never_exceeds_the_prior_variance_at_a_context_point(
     assert np.all(np.asarray(post.d)[: int(post.info.truncated)] == 0)  # (minimality: the dense test)
 
 
-def test_float32_and_float64_agree_to_1e_3_of_the_largest_variance():
+def test_float32_and_float64_keep_the_same_directions_and_agree_to_5e_2_of_the_largest_variance():
+    """Both dtypes keep the same prior directions (rank) and agree to 5% of the largest variance. The largest
+    variances are those of the least-determined directions (small singular values of M), which float32
+    resolves only to about eps / (D_min / D_max). Until 0.2 a cut-off on A's eigenvalues relative to the
+    largest gave these directions zero variance, and the dtypes then agreed to 1.6e-4; the same cut-off
+    halved the Mauna Loa test standard deviation (docs/results.md), so it went, and this tolerance with it."""
     p64, X, Y = _toy(n=20, seed=6)
     C = jnp.linspace(-2.0, 2.0, 30)[:, None]
     T = jnp.linspace(-2.5, 2.5, 25)[:, None]
     kernel, lik = Matern52(0.6), Gaussian(0.1)
-    var = {}
+    var, rank = {}, {}
     p32 = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), p64)
     for dtype, params in ((jnp.float64, p64), (jnp.float32, p32)):
         post = pst.fsp_laplace(_fn, params, (X.astype(dtype), Y.astype(dtype)), kernel, C.astype(dtype),
-                               likelihood=lik)  # the default rtol is the same for both dtypes
+                               likelihood=lik)
         var[dtype] = np.asarray(post.predictive(T.astype(dtype))[1])
-    # Measured: 1.6e-4 of the largest variance (tests points reach past the context points).
-    np.testing.assert_allclose(var[jnp.float32], var[jnp.float64], atol=1e-3 * np.max(var[jnp.float64]))
+        rank[dtype] = int(post.info.rank)
+    assert rank[jnp.float32] == rank[jnp.float64]
+    # Measured: 4.9e-2 of the largest variance (test points reach past the context points, where it is 65).
+    np.testing.assert_allclose(var[jnp.float32], var[jnp.float64], atol=5e-2 * np.max(var[jnp.float64]))
 
 
 def test_objective_is_the_scaled_nll_plus_the_rkhs_norm():

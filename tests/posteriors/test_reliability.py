@@ -16,6 +16,7 @@ import posteriors as pst
 from linops.kernels import Matern32
 from linops.likelihoods import Gaussian
 from posteriors.projected import optimal_prior_precision
+from tests.linops._util import assert_close
 
 
 def _linear(P=20, N=5, dtype=jnp.float64, seed=0):
@@ -97,6 +98,16 @@ def test_an_unconverged_projection_is_announced_and_recorded():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         good.sample(jax.random.key(1), 3)
+    # the record beside alpha*: sweeps run and the largest kernel residual ||J Pi e|| / ||J e|| of the probes
+    # (standard Gaussian, drawn from the key), recomputed here from the trace draws
+    J = jax.jacfwd(lambda p: jax.vmap(fn, in_axes=(None, 0))(p, X))(params)
+    J = np.concatenate([np.asarray(leaf).reshape(X.shape[0] * 3, -1) for leaf in jax.tree_util.tree_leaves(J)], 1)
+    eps = np.asarray(jax.random.normal(jax.random.key(0), (J.shape[1], 8), post.mean.dtype))
+    for p_, rows in ((post, J), (good, J[:12])):
+        residual = np.linalg.norm(rows @ np.asarray(p_.trace_draws), axis=0) / np.linalg.norm(rows @ eps, axis=0)
+        assert_close(p_.projection_residual, residual.max(), rtol=1e-6)
+    assert 1 <= int(post.projection_sweeps) <= 4 and int(good.projection_sweeps) >= 1
+    assert float(good.projection_residual) < 1e-3 < float(post.projection_residual)
 
 
 def test_optimal_prior_precision_refuses_a_rank_that_is_not_significantly_positive():
