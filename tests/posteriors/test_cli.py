@@ -33,8 +33,10 @@ def test_help_loads_no_jax_and_names_each_commands_methods_and_default():
     top, projected, inbetween, demo, loaded = done.stdout.strip().splitlines()
     assert loaded == "jax loaded: False"
     known = "from: map, full, diag, last_layer, kfac, lowrank, subnetwork, projected, loss_projected, fsp"
-    assert known in projected and known in inbetween and known in demo
-    assert "(default: map, diag, last_layer, kfac, projected, loss_projected)" in projected
+    assert known + ", swag, ensemble" in projected and known + ", swag, ensemble" in demo
+    assert known + " (default: all)" in inbetween  # no SWAG or ensemble there
+    assert "(default: map, projected, loss_projected, swag, last_layer, diag, ensemble)" in projected
+    assert "--architecture {lenet5,resnet,mlp}" in projected and "--max-train N" in projected
     assert "(default: all)" in inbetween and "for demo" not in projected
     assert "(default: map, diag, last_layer, kfac, lowrank, subnetwork, projected, loss_projected, fsp)" in demo
     from posteriors.experiments import _common, methods

@@ -1,0 +1,75 @@
+"""The papers' protocols at ``--quick`` size: ``python -m posteriors projected|subnetwork|fsp --quick``.
+
+Each run takes minutes on 2 CPU cores, so they form their own tier (``pytest -m reproduction``, a bounded CI
+step). They check that the protocol ran as documented (the tables' rows, the convergence record next to
+alpha*, the float32/float64 study) and the claims that reproduce at this size, with the margins measured in
+the runs recorded in ``docs/results.md``; the claims that do not reproduce are stated there with their
+measured reasons, not asserted here.
+"""
+
+import json
+
+import pytest
+
+from posteriors.cli import main
+
+pytestmark = pytest.mark.reproduction
+
+
+def _run(tmp_path, *argv):
+    out = tmp_path / "out"
+    assert main([*argv, "--quick", "--quiet", "--out", str(out), "--compilation-cache", "none"]) == 0
+    return out
+
+
+def test_projected_on_the_papers_protocol(tmp_path):
+    out = _run(tmp_path, "projected")
+    table = json.loads((out / "projected.json").read_text())
+    rows, meta = table["rows"], table["meta"]
+    assert list(rows) == ["MAP", "Projected", "Loss-projected", "SWAG", "Last-layer Laplace", "Diagonal Laplace",
+                          "Deep ensemble"]
+    assert meta["num_params"] == 61706  # the classic LeNet-5
+    config, info = meta["config"], meta["posteriors"]
+    assert config["prior_grid"] == [0.1, 1.0, 5.0, 10.0, 50.0, 100.0] and config["num_samples"] == 30
+    for label in ("Last-layer Laplace", "Diagonal Laplace"):  # grid-searched, network predictive
+        assert info[label]["predictive"] == "network" and set(info[label]["grid_nll"]) == {
+            "0.1", "1.0", "5.0", "10.0", "50.0", "100.0"}
+    for label in ("Projected", "Loss-projected"):  # the convergence of alpha*'s projections, reported
+        for key in ("prior_precision", "trace_pi", "projection_sweeps", "projection_residual",
+                    "trace_probes_converged"):
+            assert key in info[label], (label, key)
+    # table 3's claim that reproduces at every size measured: the projected posterior separates noise and
+    # rotated digits from the test digits better than the MAP's max-softmax score
+    for ood in ("noise", "rotated 90°"):
+        assert rows["Projected"][f"auroc_{ood}"] > rows["MAP"][f"auroc_{ood}"] + 0.05, ood
+
+
+def test_subnetwork_on_the_papers_protocol(tmp_path):
+    out = _run(tmp_path, "subnetwork")
+    summary = json.loads((out / "subnetwork_summary.json").read_text())
+    toy = summary["toy_regression"]
+    methods = toy["methods"]
+    # the measured reason the Wasserstein rule fails here: SGD leaves many weights without any data gradient,
+    # they sit at the prior variance and are chosen first, and a 1% subnetwork of them changes nothing
+    assert toy["weights_without_data_gradient"] > 0.25 * toy["num_weights"]
+    assert methods["Wass 1%"]["mean_std_in_gap"] < 0.1 * methods["Full cov"]["mean_std_in_gap"]
+    # excluding them keeps the in-between uncertainty (wider in the gap than on the data) at 3% and 1%
+    for frac in ("3%", "1%"):
+        m = methods[f"Wass, data-constrained {frac}"]
+        assert m["mean_std_in_gap"] > 2 * m["mean_std_on_data"], frac
+    mnist = summary["rotated_mnist"]
+    assert mnist["share_without_data_gradient"]["diag-Laplace rule"] >= mnist["share_without_data_gradient"][
+        "SWAG rule"]
+
+
+def test_fsp_on_the_papers_mauna_loa_protocol(tmp_path):
+    out = _run(tmp_path, "fsp", "--parts", "maunaloa")
+    table = json.loads((out / "fsp_maunaloa.json").read_text())
+    rows, info = table["rows"], table["meta"]["fsp_info"]
+    fsp, fsp64 = rows["FSP-Laplace (RW kernel)"], rows["FSP-Laplace (RW kernel), float64"]
+    # table 1's MSE claim: the GP prior makes the network extrapolate better than plain Laplace
+    assert fsp["test_mse"] < rows["Laplace (full, isotropic prior)"]["test_mse"]
+    # the cut-offs keep the directions the data need in both dtypes: float32 keeps at least 80% of float64's
+    # and its predictive standard deviation is within 15% (a relative 1e-6 cut-off on A halved it)
+    assert info["float32"]["rank"] >= 0.8 * info["float64"]["rank"]
+    assert abs(fsp["test_std_mean"] - fsp64["test_std_mean"]) < 0.15 * fsp64["test_std_mean"]
