@@ -157,7 +157,9 @@ def deep_ensemble(fn, init: Callable, data, likelihood: Likelihood, *, key: jax.
         likelihood: a `linops.likelihoods` likelihood (kept on the ensemble for its predictives).
         key: every random choice (initialisations and minibatches).
         num_members: $M \ge 2$ (the paper's 5; the projected-Bayes paper's 10).
-        num_steps, learning_rate, batch_size: Adam's steps, step size, and examples per step.
+        num_steps: Adam steps per member.
+        learning_rate: Adam's step size.
+        batch_size: examples per step.
         prior_precision: $\alpha$ of the Gaussian prior (0: none).
         progress: a bar over the steps on stderr, shown after two seconds; False silences it.
 

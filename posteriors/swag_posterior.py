@@ -184,7 +184,8 @@ def swag(fn, params, data, likelihood: Likelihood, *, key: jax.Array, num_snapsh
         num_snapshots: iterates collected (the paper's 20).
         collect_every: SGD steps between snapshots (default: one epoch, ``ceil(N / batch_size)``).
         rank: $K$, the deviations kept (default ``num_snapshots``; 0: SWAG-diagonal; else at least 2).
-        learning_rate, momentum: SGD's constant learning rate and momentum (the paper's 1e-2 and 0.9).
+        learning_rate: SGD's constant learning rate (the paper's 1e-2).
+        momentum: SGD's momentum (the paper's 0.9).
         batch_size: examples per step.
         prior_precision: $\alpha$ of the Gaussian prior: weight decay $\alpha / N$ (the paper's
             3e-4 is $\alpha = 3 \cdot 10^{-4} N$).

@@ -126,7 +126,7 @@ def test_posterior_variance_never_exceeds_the_prior_variance_at_a_context_point(
 def test_float32_and_float64_keep_the_same_directions_and_agree_to_5e_2_of_the_largest_variance():
     """Both dtypes keep the same prior directions (rank) and agree to 5% of the largest variance. The largest
     variances are those of the least-determined directions (small singular values of M), which float32
-    resolves only to about eps / (D_min / D_max). Until 0.2 a cut-off on A's eigenvalues relative to the
+    resolves only to about eps / (D_min / D_max). The previous cut-off on A's eigenvalues relative to the
     largest gave these directions zero variance, and the dtypes then agreed to 1.6e-4; the same cut-off
     halved the Mauna Loa test standard deviation (docs/results.md), so it went, and this tolerance with it."""
     p64, X, Y = _toy(n=20, seed=6)
