@@ -99,14 +99,14 @@ def as_inputs(images, architecture: str) -> jax.Array:
 
 
 def build_model(cfg: Config, side: int, num_classes: int, key):
-    """``(fn, params)`` of ``cfg.architecture`` on ``side x side`` images."""
+    """``(fn, params)`` of ``cfg.architecture`` on ``side x side`` images (the CNNs in float32, as the images)."""
     from posteriors.experiments.architectures import lenet5, resnet
 
     if cfg.architecture == "mlp":
         return from_equinox(eqx.nn.MLP(side * side, num_classes, cfg.width, cfg.depth, activation=jnp.tanh, key=key))
     if cfg.architecture == "lenet5":
-        return lenet5(key, width=1.0, image_size=side, num_classes=num_classes)
-    return resnet(key, size="real", image_size=side, num_classes=num_classes)
+        return lenet5(key, width=1.0, image_size=side, num_classes=num_classes, dtype=jnp.float32)
+    return resnet(key, size="real", image_size=side, num_classes=num_classes, dtype=jnp.float32)
 
 
 def prepare(cfg: Config):

@@ -233,7 +233,7 @@ def rotated_mnist(out, size, log):
     (tr_x, tr_y), (va_x, va_y) = pdata.train_test_split(jax.random.key(1), tr_x, tr_y, 0.1)
     X, y = jnp.asarray(tr_x[:, None]), jnp.asarray(tr_y)
     validation = (jnp.asarray(va_x[:, None]), jnp.asarray(va_y))
-    fn, params = lenet5(jax.random.key(3), width=1.0)
+    fn, params = lenet5(jax.random.key(3), width=1.0, dtype=jnp.float32)  # the images are float32
     steps = {"smoke": 200, "quick": 1000}.get(size, 3000)
     params = train_map(fn, params, X, y, Categorical(), 1.0, steps=steps, learning_rate=1e-3, key=jax.random.key(4),
                        batch_size=128)
@@ -255,7 +255,7 @@ def rotated_mnist(out, size, log):
     N = X.shape[0]
     swag = pst.swag(fn, params, data, lik, key=jax.random.key(8), learning_rate=1e-2, prior_precision=3e-4 * N,
                     batch_size=128, progress=bars)
-    init = lambda k: lenet5(k, width=1.0)[1]  # noqa: E731
+    init = lambda k: lenet5(k, width=1.0, dtype=jnp.float32)[1]  # noqa: E731
     members = {"smoke": 2, "quick": 3}.get(size, 5)
     ensemble = pst.deep_ensemble(fn, init, data, lik, key=jax.random.key(9), num_members=members, num_steps=steps,
                                  learning_rate=1e-3, batch_size=128, prior_precision=1.0, progress=bars)
