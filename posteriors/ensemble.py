@@ -34,6 +34,7 @@ from linops._progress import tick
 from linops.likelihoods import Gaussian, Likelihood
 from linops.models import canonical_convolutions, ravel
 from posteriors._checks import check_data, check_likelihood, check_params
+from posteriors._training import minibatch_loss
 
 
 class DeepEnsemble(eqx.Module):
@@ -185,8 +186,7 @@ def deep_ensemble(fn, init: Callable, data, likelihood: Likelihood, *, key: jax.
         raise ValueError(f"{who}: num_steps must be a positive integer, got {num_steps!r}")
     if not callable(init):
         raise TypeError(f"{who}: init must be a function key -> params, got {type(init).__name__}")
-    X, Y = data
-    n = jax.tree_util.tree_leaves(X)[0].shape[0]
+    n = jax.tree_util.tree_leaves(data[0])[0].shape[0]
     batch_size = min(int(batch_size), n)
     k_init, k_data = jax.random.split(key)
     params0 = init(jax.random.fold_in(k_init, 0))
@@ -194,16 +194,9 @@ def deep_ensemble(fn, init: Callable, data, likelihood: Likelihood, *, key: jax.
     _, unravel = ravel(params0)
     starts = jnp.stack([ravel(params0)[0]] + [ravel(init(jax.random.fold_in(k_init, m)))[0]
                                              for m in range(1, num_members)])
-    lik_axis = 0 if likelihood.per_example else None
-    alpha = jnp.asarray(prior_precision, starts.dtype)
+    loss = minibatch_loss(fn, unravel, data, likelihood, prior_precision, starts.dtype)
     opt = optax.adam(learning_rate)
     label = who if progress else None
-
-    def loss(theta, idx):
-        out = jax.vmap(fn, in_axes=(None, 0))(unravel(theta), jax.tree_util.tree_map(lambda a: a[idx], X))
-        lik = jax.tree_util.tree_map(lambda a: a[idx], likelihood) if lik_axis == 0 else likelihood
-        nll = jnp.mean(jax.vmap(lambda lk, f, y: lk.nll(f, y), in_axes=(lik_axis, 0, 0))(lik, out, Y[idx]))
-        return nll + 0.5 * jnp.sum(alpha * theta**2) / n
 
     def member_step(theta, state, k):
         idx = jax.random.choice(k, n, (batch_size,), replace=False) if batch_size < n else jnp.arange(n)

@@ -42,6 +42,7 @@ from linops._progress import tick
 from linops.likelihoods import Likelihood
 from linops.models import canonical_convolutions, ravel
 from posteriors._checks import check_data, check_likelihood, check_params
+from posteriors._training import minibatch_loss
 from posteriors.gaussian import GaussianPosterior
 
 
@@ -63,18 +64,10 @@ def _sgd_moments(fn, params, data, likelihood: Likelihood, *, key: jax.Array, nu
     """
     import optax
 
-    X, Y = data
     flat, unravel = ravel(params)
-    n = jax.tree_util.tree_leaves(X)[0].shape[0]
+    n = jax.tree_util.tree_leaves(data[0])[0].shape[0]
     batch_size = min(int(batch_size), n)
-    lik_axis = 0 if likelihood.per_example else None
-    alpha = jnp.asarray(prior_precision, flat.dtype)
-
-    def loss(theta, idx):
-        out = jax.vmap(fn, in_axes=(None, 0))(unravel(theta), jax.tree_util.tree_map(lambda a: a[idx], X))
-        lik = jax.tree_util.tree_map(lambda a: a[idx], likelihood) if lik_axis == 0 else likelihood
-        nll = jnp.mean(jax.vmap(lambda lk, f, y: lk.nll(f, y), in_axes=(lik_axis, 0, 0))(lik, out, Y[idx]))
-        return nll + 0.5 * jnp.sum(alpha * theta**2) / n
+    loss = minibatch_loss(fn, unravel, data, likelihood, prior_precision, flat.dtype)
 
     opt = optax.sgd(learning_rate, momentum=momentum or None)
 
