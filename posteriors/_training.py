@@ -4,6 +4,22 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+
+def positive_int(value, name: str, who: str, minimum: int = 1) -> int:
+    """``value`` if it is an integer of at least ``minimum``, else a `ValueError` naming ``who`` and ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{who}: {name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_step_settings(who: str, learning_rate, prior_precision) -> None:
+    """A positive learning rate and a non-negative prior precision (weight decay), before any step."""
+    if not float(learning_rate) > 0:
+        raise ValueError(f"{who}: learning_rate must be positive, got {learning_rate!r}")
+    if not bool(np.all(np.asarray(prior_precision) >= 0)):
+        raise ValueError(f"{who}: prior_precision must be >= 0 (a weight decay), got {prior_precision!r}")
 
 
 def minibatch_loss(fn, unravel, data, likelihood, prior_precision, dtype):

@@ -34,7 +34,7 @@ from linops._progress import tick
 from linops.likelihoods import Gaussian, Likelihood
 from linops.models import canonical_convolutions, ravel
 from posteriors._checks import check_data, check_likelihood, check_params
-from posteriors._training import minibatch_loss
+from posteriors._training import check_step_settings, minibatch_loss, positive_int
 
 
 class DeepEnsemble(eqx.Module):
@@ -180,14 +180,13 @@ def deep_ensemble(fn, init: Callable, data, likelihood: Likelihood, *, key: jax.
     who = "deep_ensemble"
     check_likelihood(likelihood, who)
     check_data(data, who)
-    if isinstance(num_members, bool) or not isinstance(num_members, int) or num_members < 2:
-        raise ValueError(f"{who}: num_members must be an integer >= 2, got {num_members!r}")
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"{who}: num_steps must be a positive integer, got {num_steps!r}")
+    num_members = positive_int(num_members, "num_members", who, minimum=2)
+    num_steps = positive_int(num_steps, "num_steps", who)
+    check_step_settings(who, learning_rate, prior_precision)
     if not callable(init):
         raise TypeError(f"{who}: init must be a function key -> params, got {type(init).__name__}")
     n = jax.tree_util.tree_leaves(data[0])[0].shape[0]
-    batch_size = min(int(batch_size), n)
+    batch_size = min(positive_int(batch_size, "batch_size", who), n)
     k_init, k_data = jax.random.split(key)
     params0 = init(jax.random.fold_in(k_init, 0))
     check_params(params0, who)

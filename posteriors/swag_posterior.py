@@ -42,14 +42,8 @@ from linops._progress import tick
 from linops.likelihoods import Likelihood
 from linops.models import canonical_convolutions, ravel
 from posteriors._checks import check_data, check_likelihood, check_params
-from posteriors._training import minibatch_loss
+from posteriors._training import check_step_settings, minibatch_loss, positive_int
 from posteriors.gaussian import GaussianPosterior
-
-
-def _positive_int(value, name: str, who: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{who}: {name} must be an integer >= {minimum}, got {value!r}")
-    return value
 
 
 def _sgd_moments(fn, params, data, likelihood: Likelihood, *, key: jax.Array, num_steps: int, collect_every: int,
@@ -202,16 +196,15 @@ def swag(fn, params, data, likelihood: Likelihood, *, key: jax.Array, num_snapsh
     check_likelihood(likelihood, who)
     check_data(data, who)
     n = jax.tree_util.tree_leaves(data[0])[0].shape[0]
-    num_snapshots = _positive_int(num_snapshots, "num_snapshots", who)
-    batch_size = min(_positive_int(batch_size, "batch_size", who), n)
-    collect_every = -(-n // batch_size) if collect_every is None else _positive_int(collect_every, "collect_every",
+    num_snapshots = positive_int(num_snapshots, "num_snapshots", who)
+    batch_size = min(positive_int(batch_size, "batch_size", who), n)
+    collect_every = -(-n // batch_size) if collect_every is None else positive_int(collect_every, "collect_every",
                                                                                      who)
-    rank = num_snapshots if rank is None else _positive_int(rank, "rank", who, minimum=0)
+    rank = num_snapshots if rank is None else positive_int(rank, "rank", who, minimum=0)
     if rank == 1 or rank > num_snapshots:
         raise ValueError(f"{who}: rank must be 0 (SWAG-diagonal) or between 2 and num_snapshots = {num_snapshots} "
                          f"(D D^T / (K - 1) needs K >= 2 deviations), got {rank}")
-    if not learning_rate > 0:
-        raise ValueError(f"{who}: learning_rate must be positive, got {learning_rate!r}")
+    check_step_settings(who, learning_rate, prior_precision)
     mean, variance, deviations, count = _sgd_moments(
         fn, params, data, likelihood, key=key, num_steps=num_snapshots * collect_every, collect_every=collect_every,
         learning_rate=learning_rate, batch_size=batch_size, prior_precision=prior_precision, momentum=momentum,

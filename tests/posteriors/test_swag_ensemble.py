@@ -95,6 +95,7 @@ def test_swag_never_moves_a_weight_without_gradient_and_predicts_like_its_covari
 @pytest.mark.parametrize("kwargs, match", [
     (dict(rank=1), "rank must be 0"), (dict(rank=25), "rank must be 0"), (dict(num_snapshots=0), "num_snapshots"),
     (dict(collect_every=0), "collect_every"), (dict(learning_rate=0.0), "learning_rate"),
+    (dict(prior_precision=-1.0), "prior_precision"), (dict(batch_size=0), "batch_size"),
 ])
 def test_swag_refuses_bad_settings_before_any_step(kwargs, match):
     fn, W0, X, Y = _linear_problem()
@@ -173,8 +174,13 @@ def test_deep_ensemble_trains_independent_members():
     shuffled = pst.deep_ensemble(fn, same_start, (X, Y), Gaussian(SIGMA), key=jax.random.key(0), num_members=2,
                                  num_steps=5, batch_size=4, progress=False)
     assert float(jnp.abs(shuffled.members[0] - shuffled.members[1]).max()) > 1e-6
-    with pytest.raises(ValueError, match="num_members"):
-        pst.deep_ensemble(fn, init, (X, Y), Gaussian(SIGMA), key=jax.random.key(0), num_members=1)
+    for bad, match in ((dict(num_members=1), "num_members must be an integer >= 2"),
+                       (dict(batch_size=0), "batch_size must be an integer >= 1"),
+                       (dict(learning_rate=-1.0), "learning_rate must be positive"),
+                       (dict(prior_precision=-2.0), "prior_precision must be >= 0"),
+                       (dict(num_steps=0), "num_steps must be an integer >= 1")):
+        with pytest.raises(ValueError, match=f"deep_ensemble: {match}"):
+            pst.deep_ensemble(fn, init, (X, Y), Gaussian(SIGMA), key=jax.random.key(0), **bad)
 
 
 def test_swag_and_ensembles_round_trip_through_save_and_load(tmp_path):
