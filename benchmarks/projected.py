@@ -7,7 +7,9 @@ On a 784-128-128-10 tanh MLP (118,282 float32 parameters), N = 1024 random input
 sweep against one SGD epoch over the same batches (**goal ≤ 1.5**), with a recomputing sweep and a sweep
 written by hand as references; (c) the stored factors' memory against the Jacobian's. On a 20-32-32-3 MLP
 (N = 256, S = 8): (b') sweeps to a kernel residual of 1e-6 (float64) / 1e-4 (float32), ``method="cg"`` vs
-``"plain"``; (d) ``A @ eps`` for eps (P, k), k in {1, 8, 32}. Agreement checks come before timing. See
+``"plain"``; (d) ``A @ eps`` for eps (P, k), k in {1, 8, 32}. (e) LeNet-5 on 320 MNIST digits: a symmetric
+sweep of 30 vectors on each batch's stored rows, linearisation, or recomputed forward pass. Agreement checks
+come before timing. See
 ``benchmarks/README.md``.
 
 Run:  python benchmarks/projected.py            # full run (about 3-4 minutes on 2 cores)
@@ -328,9 +330,51 @@ def run_samples(cfg, *, log, timing, one_projection):
     }
 
 
+def run_storage(cfg, *, log, timing):
+    """(e) A CNN's symmetric sweeps of k vectors on each batch's stored rows, its stored linearisation, or
+    recomputing the forward pass: LeNet-5 on MNIST digits (quick: the small LeNet on random 12 x 12 images)."""
+    from posteriors.experiments.architectures import lenet5
+
+    n, s, k = cfg["n"], cfg["batch_size"], cfg["k"]
+    if cfg["size"] == "real":
+        from posteriors import data as pdata
+
+        images = np.asarray(pdata.load_images("mnist")[0][:n], np.float32)[:, None]
+        fn, params = lenet5(jax.random.PRNGKey(0), width=1.0, image_size=28, dtype=jnp.float32)
+    else:
+        images = np.asarray(jax.random.normal(jax.random.PRNGKey(1), (n, 1, 12, 12)), np.float32)
+        fn, params = lenet5(jax.random.PRNGKey(0), size="small", dtype=jnp.float32)
+    X = jnp.asarray(images)
+    ops, setup = {}, {}
+    for store in ("rows", True, False):
+        A, rep = H.first_call(lambda st=store: lo.AlternatingProjectionOp.from_jacobian(
+            fn, params, X, batch_size=s, store_linearization=st), block=lambda A: A.W)
+        ops[A.storage], setup[A.storage] = A, rep["first_call_s"]
+    default = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=s).storage
+    P = ops["rows"].size
+    V = jax.random.normal(jax.random.PRNGKey(2), (P, k), jnp.float32)
+    sweep = H.fresh_jit(lambda A, V: jax.vmap(lambda u: A.symmetric_sweep(u), in_axes=1, out_axes=1)(V))
+    calls = {name: (lambda A=A: sweep(A, V)) for name, A in ops.items()}
+    outs, compile_d = H.first_calls(calls)
+    checks = {f"(e) symmetric sweep on {name} vs on rows (rel err)": H.rel_err(outs[name], outs["rows"])
+              for name in ("linearization", "none")}
+    if max(checks.values()) > TOL:
+        raise SystemExit("the sweeps on a CNN's stored rows disagree with the other storages")
+    times, n_rounds = H.rounds(calls, warmup=1, **timing)
+    med = H.medians(times)
+    ratios = {f"{name} / rows": H.ratio(times, name, "rows") for name in ("linearization", "none")}
+    stored = {name: int(sum(a.nbytes for a in jax.tree_util.tree_leaves(A.stored))) for name, A in ops.items()}
+    log(f"(e) LeNet-5 ({P:,} parameters), {ops['rows'].num_batches} batches of {s}, {k} vectors: symmetric sweep "
+        + "  ".join(f"{name}: {med[name] * 1e3:.1f} ms" for name in med) + f"; default storage: {default}")
+    return {"model": {"architecture": f"lenet5 ({cfg['size']})", "num_params": int(P), "num_examples": n,
+                      "batch_size": s, "num_batches": int(ops["rows"].num_batches), "vectors": k, "dtype": "float32"},
+            "default_storage": default, "rounds": n_rounds, "median_s": med, "ratios": ratios, "stored_bytes": stored,
+            "setup_s": setup, "compile": compile_d, "checks": checks}
+
+
 def markdown(report) -> str:
     r, cfg = report["result"], report["config"]
-    big, conv, samp = r["large"], r["convergence"], r["samples"]
+    big, conv, samp, sto = r["large"], r["convergence"], r["samples"], r["storage"]
     m, st, mem, sw = big["model"], big["setup"], big["memory"], big["sweep"]
     csizes, cc = "-".join(map(str, cfg["convergence"]["sizes"])), cfg["convergence"]
     lines = H.head("Alternating projections", report) + [
@@ -435,9 +479,21 @@ def markdown(report) -> str:
         "shared by all k samples.",
         *H.table(("k", "median ms per call", "ms per sample", "speed-up per sample vs k = 1",
                   "(set-up + call) / k, ms"), k_rows, "rrrrr"),
+        *H.section("(e) A CNN's sweeps: stored rows, stored linearisation, recomputed forward pass"),
+        f"{sto['model']['architecture']} ({sto['model']['num_params']:,} float32 parameters), N = "
+        f"{sto['model']['num_examples']} {'MNIST digits' if 'real' in sto['model']['architecture'] else 'images'}"
+        f", S = {sto['model']['batch_size']} ({sto['model']['num_batches']} batches), the symmetric sweep of "
+        f"{sto['model']['vectors']} vectors at once (`jax.vmap` of `A.symmetric_sweep`, as a block projection runs "
+        f"it), `store_linearization` = `\"rows\"`, `True` and `False`; {sto['rounds']} interleaved rounds. The "
+        f"default (`None`) chose **{sto['default_storage']}**.",
+        *H.table(("storage", "median ms", "stored MB", "set-up s (first call)"),
+                 [(k, H.ms(sto["median_s"][k]), H.mb(sto["stored_bytes"][k], 1), f"{sto['setup_s'][k]:.2f}")
+                  for k in sto["median_s"]], "lrrr"),
+        *H.table(("ratio (median per-round, IQR)", "value"), [(k, H.iqr(v)) for k, v in sto["ratios"].items()]),
         *H.section("Checks (before timing)"),
         *H.table(("check", "value"), [(k, f"{v:.2e}" if isinstance(v, float) else v)
-                                      for k, v in {**big["checks"], **samp["checks"]}.items()], "ll"),
+                                      for k, v in {**big["checks"], **samp["checks"], **sto["checks"]}.items()],
+                 "ll"),
     ]
     return H.render(lines + H.machine(report))
 
@@ -448,12 +504,14 @@ def config_for(quick: bool):
         return {"large": {"sizes": [64, 32, 32, 10], "n": 128, "batch_size": 16},
                 "convergence": dict(tiny, cg_cap=200, plain_cap=200, rtols={"float64": [], "float32": []},
                                     plain_fixed_run=False),
-                "samples": dict(tiny, ks=[1, 8])}
+                "samples": dict(tiny, ks=[1, 8]),
+                "storage": {"size": "small", "n": 24, "batch_size": 8, "k": 4}}
     small = {"sizes": [20, 32, 32, 3], "n": 256, "batch_size": 8}
     return {"large": {"sizes": [784, 128, 128, 10], "n": 1024, "batch_size": 16},
             "convergence": dict(small, cg_cap=500, plain_cap=5000,
                                 rtols={"float64": [1e-8, 1e-9, 1e-10], "float32": [1e-4, 1e-5, 1e-6]}),
-            "samples": dict(small, ks=[1, 8, 32])}
+            "samples": dict(small, ks=[1, 8, 32]),
+            "storage": {"size": "real", "n": 320, "batch_size": 16, "k": 30}}
 
 
 def main(argv=None):
@@ -468,6 +526,8 @@ def main(argv=None):
     repeats = 10 if q else 40
     samples = run_samples(cfg["samples"], log=run.log, one_projection=convergence[1]["cg_default_rtol"], timing={
         "max_rounds": repeats, "min_rounds": min(repeats, 5), "budget_s": 1.0 if q else 15.0})
+    storage = run_storage(cfg["storage"], log=run.log, timing={
+        "max_rounds": 6 if q else 20, "min_rounds": 3 if q else 8, "budget_s": 1.0 if q else 30.0})
     st, sw = large["setup"], large["sweep"]
     s = {
         "setup as called (ratio of medians)": st["as_called_ratio_of_medians"],
@@ -478,12 +538,15 @@ def main(argv=None):
         "sweeps to target": {c["dtype"]: {"cg": (c["cg_first_reaching_target"] or {}).get("sweeps"),
                                           "plain": c["plain_first_sweep_reaching_target"]} for c in convergence},
         "per-sample ms": {k: v * 1e3 for k, v in samples["per_sample_s"].items()},
+        "CNN sweep on linearisation / on rows": storage["ratios"]["linearization / rows"]["median"],
+        "CNN sweep recomputing / on rows": storage["ratios"]["none / rows"]["median"],
     }
     run.write({"goals": {"setup": {"ratio": "from_jacobian / naive set-up time", "max": GOAL_SETUP},
                          "sweep": {"ratio": "one sweep / one training epoch", "max": GOAL_SWEEP},
                          "kernel_residual_targets": TARGETS},
                "config": cfg, "summary": s,
-               "result": {"large": large, "convergence": convergence, "samples": samples}}, markdown)
+               "result": {"large": large, "convergence": convergence, "samples": samples, "storage": storage}},
+              markdown)
     run.log(f"set-up goal (<= {GOAL_SETUP}): as called {s['setup as called (ratio of medians)']:.3f}, compiled "
             f"{s['setup compiled (median per-round ratio)']:.3f}; sweep goal (<= {GOAL_SWEEP}): {s['sweep/epoch']:.3f}")
 

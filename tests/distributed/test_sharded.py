@@ -190,16 +190,17 @@ def _exact_projection(fn, params, X):
     return lo.ProjectorOp.onto_null_space(lo.JacobianOp(fn, params, X).as_matrix())
 
 
-@pytest.mark.parametrize("devices", [2, 4])
-def test_projection_factors_live_on_the_devices_holding_their_batches(devices):
+@pytest.mark.parametrize("devices,store", [(2, True), (4, True), (4, "rows")])
+def test_projection_factors_live_on_the_devices_holding_their_batches(devices, store):
     if jax.device_count() < devices:
         pytest.skip(f"needs {devices} devices")
     fn, params, X, _, v = _problem(Gaussian(1.0))
     X = X[:20]  # 5 batches of 4: 40 rows, 80 weights; 5 batches do not split evenly over 2 or 4 devices
     mesh = _mesh(jax.devices()[:devices])
-    one = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4)
-    many = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4, mesh=mesh)
-    # the batch axis is split: each device holds the factors (and linearisations) of its own batches only
+    one = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4, store_linearization=store)
+    many = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4, mesh=mesh, store_linearization=store)
+    assert many.storage == ("rows" if store == "rows" else "linearization") and len(many.stored) > 0
+    # the batch axis is split: each device holds the factors (and linearisations or rows) of its own batches only
     batches = -(-5 // devices) * devices
     assert many.W.shape[0] == batches and many.W.sharding.spec == PartitionSpec("data")
     assert {s.data.shape[0] for s in many.W.addressable_shards} == {batches // devices}

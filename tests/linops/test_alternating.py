@@ -273,9 +273,82 @@ def test_loss_rows_and_matrix_rows_store_linearizations_too():
     assert_close(m @ jnp.ones(8), (np.eye(8) - np.linalg.pinv(M) @ M) @ np.ones(8), atol=1e-10)
 
 
+def _conv_fn(p, x):  # a small CNN: x (6, 6) -> 3 outputs; a tangent pass costs more than a product with its rows
+    h = jax.lax.conv_general_dilated(x[None, None], p["K"], (1, 1), "SAME")[0] + p["c"][:, None, None]
+    return p["W"] @ jnp.tanh(h).reshape(-1) + p["b"]
+
+
+def test_stored_rows_give_the_same_projector_and_are_chosen_for_a_convolution():
+    """A CNN's sweeps run on each batch's stored rows (chosen by default: its tangent pass costs more flops than a
+    product with them); they equal the linearisation's and the recomputing sweeps, and project exactly."""
+    rng = np.random.default_rng(17)
+    params = {"K": jnp.asarray(rng.standard_normal((4, 1, 3, 3)) / 3), "c": jnp.asarray(0.1 * rng.standard_normal(4)),
+              "W": jnp.asarray(rng.standard_normal((3, 144)) / 12), "b": jnp.zeros(3)}
+    X = jnp.asarray(rng.standard_normal((10, 6, 6)))
+    flat, unravel = ravel(params)
+    J = np.asarray(jax.jacfwd(lambda v: jax.vmap(_conv_fn, (None, 0))(unravel(v), X).reshape(-1))(flat))
+    null = np.eye(J.shape[1]) - np.linalg.pinv(J) @ J
+    build = lambda **o: lo.AlternatingProjectionOp.from_jacobian(_conv_fn, params, X, batch_size=4,  # noqa: E731
+                                                                 rtol=1e-12, **o)
+    rows, linearized, fresh = build(), build(store_linearization=True), build(store_linearization=False)
+    assert (rows.storage, linearized.storage, fresh.storage) == ("rows", "linearization", "none")
+    assert rows.stores_linearization
+    # what is stored is each batch's rows M_b: 3 batches x 12 rows x P, leaf by leaf
+    assert sum(a.size for a in rows.stored) == 3 * 12 * flat.size
+    first = jnp.concatenate([a[0].reshape(12, -1) for a in rows.stored], axis=1)  # in the flat parameters' order
+    assert_close(first, J[:12])
+    v = jnp.asarray(rng.standard_normal(flat.size))
+    for other in (linearized, fresh):
+        assert_close(rows.sweep(v), other.sweep(v), rtol=1e-12)
+        assert_close(rows.symmetric_sweep(v), other.symmetric_sweep(v), rtol=1e-12)
+    x = jnp.asarray(rng.standard_normal(flat.size))
+    assert _error(_project(rows, x).value, null, x) < 1e-8
+    assert_close(rows.project(x).kernel_residual, linearized.project(x).kernel_residual, atol=1e-9)
+
+
+def test_stored_rows_of_an_mlp_and_of_the_loss_jacobian_project_exactly():
+    """Rows asked for where the default keeps the linearisation (an MLP's tangent pass is cheap), and for the
+    loss Jacobian's one row per example."""
+    params, X, _, null, x = _setup(18, 11)
+    auto = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=4, rtol=1e-12)
+    rows = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=4, rtol=1e-12,
+                                                    store_linearization="rows")
+    assert (auto.storage, rows.storage) == ("linearization", "rows")
+    assert_close(rows.symmetric_sweep(x), auto.symmetric_sweep(x), rtol=1e-12)
+    assert _error(_project(rows, x).value, null, x) < 1e-8
+    Y = jnp.asarray(np.random.default_rng(4).standard_normal((11, 3)))
+    a, b = (lo.AlternatingProjectionOp.from_loss_jacobian(_fn, params, X, Y, Gaussian(1.0), batch_size=4, rtol=1e-12,
+                                                          store_linearization=s) for s in ("rows", False))
+    assert sum(t.size for t in a.stored) == 3 * 4 * x.size
+    assert_close(a @ x, b @ x, atol=1e-10)
+
+
+def test_stored_rows_are_refused_or_passed_over_when_they_cannot_fit(monkeypatch):
+    import linops.nn._rowblocks as rowblocks
+
+    params, X, _, _, _ = _setup(19, 8)
+    real = rowblocks.check_fits
+    # the factors need 18.4 kB, with the rows 40.2 kB
+    monkeypatch.setattr(rowblocks, "check_fits", lambda n, what, alt: real(n, what, alt, limit=25_000))
+    with pytest.raises(lo.memory.MemoryBudgetError, match="their rows .* store_linearization=None"):
+        lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3, store_linearization="rows")
+    monkeypatch.setattr(rowblocks, "check_fits", real)
+    # The default takes rows only when they fit in half the free memory: with too little, a CNN keeps its
+    # linearisation.
+    rng = np.random.default_rng(20)
+    conv = {"K": jnp.asarray(rng.standard_normal((4, 1, 3, 3))), "c": jnp.zeros(4),
+            "W": jnp.asarray(rng.standard_normal((3, 144)) / 12), "b": jnp.zeros(3)}
+    Xc = jnp.asarray(rng.standard_normal((8, 6, 6)))
+    R, P = 12, 475
+    with_rows = (2 * 2 * R * R + 2 * R * P + 2 * R * P) * 8  # 2 batches' Grams and factors, one batch's rows, rows
+    for free, storage in ((2 * with_rows - 2, "linearization"), (2 * with_rows, "rows")):
+        monkeypatch.setattr(rowblocks, "available_bytes", lambda free=free: free)
+        assert lo.AlternatingProjectionOp.from_jacobian(_conv_fn, conv, Xc, batch_size=4).storage == storage
+
+
 def test_store_linearization_is_checked_and_refused_when_it_cannot_fit(monkeypatch):
     params, X, _, _, _ = _setup(15, 8)
-    with pytest.raises(ValueError, match="store_linearization must be None, True or False, got 'yes'"):
+    with pytest.raises(ValueError, match="store_linearization must be None, True, False or 'rows', got 'yes'"):
         lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3, store_linearization="yes")
     import linops.nn._rowblocks as rowblocks
 
