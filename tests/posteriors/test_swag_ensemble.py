@@ -183,6 +183,33 @@ def test_deep_ensemble_trains_independent_members():
             pst.deep_ensemble(fn, init, (X, Y), Gaussian(SIGMA), key=jax.random.key(0), **bad)
 
 
+def test_a_convolutional_ensemble_trains_its_members_in_turn_on_cpu_and_gets_the_same_members(monkeypatch):
+    """On CPU a CNN's members train one after another (a vectorised convolution over the members' weights is a slow
+    grouped convolution there); the members equal the vectorised program's."""
+    import posteriors.ensemble as ensemble
+
+    def fn(p, x):  # x (5, 5)
+        h = jax.lax.conv_general_dilated(x[None, None], p["K"], (1, 1), "SAME")[0]
+        return p["W"] @ jnp.tanh(h).reshape(-1)
+
+    rng = np.random.default_rng(3)
+    X = jnp.asarray(rng.standard_normal((24, 5, 5)))
+    Y = jnp.asarray(rng.integers(0, 3, 24))
+    init = lambda k: {"K": 0.3 * jax.random.normal(k, (2, 1, 3, 3), jnp.float64),  # noqa: E731
+                      "W": 0.1 * jax.random.normal(jax.random.fold_in(k, 1), (3, 50), jnp.float64)}
+    loss = lambda theta, idx: jnp.sum(theta**2)  # noqa: E731
+    assert ensemble._members_in_turn(lambda t, i: jnp.sum(jax.vmap(fn, (None, 0))(
+        {"K": t[:18].reshape(2, 1, 3, 3), "W": t[18:].reshape(3, 50)}, X[i])), jnp.zeros(168), 4)
+    assert not ensemble._members_in_turn(loss, jnp.zeros(3), 4)
+    kwargs = dict(key=jax.random.key(5), num_members=3, num_steps=40, learning_rate=0.05, batch_size=8,
+                  progress=False)
+    in_turn = pst.deep_ensemble(fn, init, (X, Y), Categorical(), **kwargs)
+    monkeypatch.setattr(ensemble, "_members_in_turn", lambda *a: False)
+    together = pst.deep_ensemble(fn, init, (X, Y), Categorical(), **kwargs)
+    assert_close(in_turn.members, together.members, rtol=1e-10, atol=1e-12)
+    assert float(jnp.abs(in_turn.members[0] - in_turn.members[1]).max()) > 1e-3  # and they are not all alike
+
+
 def test_swag_and_ensembles_round_trip_through_save_and_load(tmp_path):
     fn, W0, X, Y = _linear_problem()
     post = pst.swag(fn, W0, (X, Y), Gaussian(SIGMA), key=jax.random.key(0), num_snapshots=4, collect_every=2,
