@@ -337,9 +337,12 @@ def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likeliho
         batch_size: training examples per GGN batch (memory ``O(batch * rank)``).
         context_batch_size: context points per Jacobian batch.
         rtol: relative cut-off of the pseudo-inverses of $K_{CC}$ (its eigenvalues) and of
-            $M = J(C)^\top L$ (its singular values). Default: $\max(10^{-6}, n_C O\,\epsilon)$ with
-            $\epsilon$ the dtype's machine epsilon, their numerical rank ($1.2\cdot10^{-5}$ for 100
-            context points in float32, $10^{-6}$ in float64).
+            $M = J(C)^\top L$ (its singular values). Default $10^{-6}$, in float32 and float64 alike: a
+            direction dropped gets zero variance, one kept near the cut-off gets its variance with
+            float32's rounding (about $\epsilon / 10^{-6}$, 12%, relative), and the first is the worse
+            error. (A cut-off at the worst-case rounding level $n_C O\,\epsilon$ dropped directions
+            float64 keeps from 100 context points on: 10 of 43 kept on the weekly Mauna Loa record
+            with 300, test log-likelihood -49.5 per week against float64's -6.2.)
             $A = D^2 + U^\top G U$ has no cut-off: it is inverted in its whitened form
             $D (I + D^{-1} U^\top G U D^{-1}) D$, whose middle factor has eigenvalues of at least 1.
             A direction dropped by a cut-off gets ZERO posterior variance, and the directions a
@@ -390,7 +393,7 @@ def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likeliho
         raise ValueError(f"{who}: rank {rank} needs at least that many context outputs, but {C.shape[0]} context "
                          f"points x {num_outputs} outputs give {n}: add context points or lower the rank")
     if rtol is None:
-        rtol = max(1e-6, n * float(np.finfo(ravel(params)[0].dtype).eps))
+        rtol = 1e-6
     elif not 0.0 <= float(rtol) < 1.0:
         raise ValueError(f"{who}: rtol must lie in [0, 1), got {rtol!r}")
     V, d, info = _algorithm2(fn, params, X, Y, C, kernel, likelihood, int(rank), batch_size, context_batch_size,
