@@ -318,12 +318,17 @@ def map_loss(p, batch, key):
 
 t0 = time.perf_counter()
 map_params, _ = train(map_loss, params0, (Xtr, Ytr), steps=CO2_STEPS, key=jax.random.key(14))
-lap, report = pst.optimize_prior_precision(
-    pst.laplace(fn, map_params, (Xtr, Ytr), co2_lik, structure="full", prior_precision=1.0),
-    tune_sigma=True, num_steps=50 if QUICK else 200)
-lap_mean, lap_var = pst.predictive.linearized(lap, Xte)
-lap_sigma = float(report["sigma"])
-jax.block_until_ready(lap_var)
+# The Laplace step in float64: with the weekly record's small noise the GGN / sigma^2 is large, and the float32
+# posterior precision at prior precision 1 is not numerically positive definite (laplace refuses it).
+with jax.enable_x64(True):
+    f64 = lambda a: jnp.asarray(a, jnp.float64)  # noqa: E731
+    lap, report = pst.optimize_prior_precision(
+        pst.laplace(fn, jax.tree_util.tree_map(f64, map_params), (f64(Xtr), f64(Ytr)), co2_lik, structure="full",
+                    prior_precision=1.0),
+        tune_sigma=True, num_steps=50 if QUICK else 200)
+    lap_mean, lap_var = pst.predictive.linearized(lap, f64(Xte))
+    lap_sigma = float(report["sigma"])
+    jax.block_until_ready(lap_var)
 lap_s = time.perf_counter() - t0
 print(f"FSP-Laplace {fsp_s:.1f} s (rank {int(fsp_post.info.rank)}, truncated {int(fsp_post.info.truncated)}); "
       f"Laplace {lap_s:.1f} s (prior precision {float(np.mean(report['prior_precision'])):.3g}, "
@@ -373,7 +378,8 @@ curves = {"exact GP": (Kf @ jax.scipy.linalg.cho_solve((L, True), Ytr[:, 0]),
                        jnp.clip(co2_kernel.diag(fine) - jnp.sum(Vf**2, axis=0), 0.0) + noise, "tab:blue")}
 m, v = fsp_post.predictive(fine)
 curves["FSP-Laplace"] = (m[:, 0], v[:, 0] + sigma**2, "tab:green")
-m, v = pst.predictive.linearized(lap, fine)
+with jax.enable_x64(True):
+    m, v = pst.predictive.linearized(lap, fine.astype(jnp.float64))
 curves["Laplace"] = (m[:, 0], v[:, 0] + lap_sigma**2, "tab:red")
 
 fig, axes = plt.subplots(1, 2, figsize=(13, 4), gridspec_kw={"width_ratios": [2, 1]})
