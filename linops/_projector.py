@@ -8,17 +8,38 @@ import jax.numpy as jnp
 
 from linops import _tags
 from linops._base import LinearOperator, describe, new_key
-from linops._leaves import Dense, default_rtol
+from linops._leaves import Dense
+
+
+def gram_rtol(shape, dtype) -> float:
+    r"""The default relative cut-off of the eigenvalues of the Gram $M M^\top$ of an ``(m, n)`` matrix ``M``:
+    $\max(m, \sqrt n)\,\epsilon$, the accuracy of an ``m x m`` eigendecomposition and the typical rounding of
+    inner products of ``n`` terms.
+
+    Not numpy's rank rule $\max(m, n)\,\epsilon$: that applies to the singular values of ``M`` itself, and on
+    the Gram's eigenvalues (their squares) it drops every row direction below $\sqrt{\max(m, n)\,\epsilon}$ of
+    the largest singular value: 8.6% for LeNet-5's 61,706 parameters in float32, where a batch's 160 Jacobian
+    rows have Gram eigenvalues from 1 down to 7e-5 of the largest, all known to 2.5e-7 (measured against the
+    same rows' Gram in float64), and that rule kept 18 to 21 of them.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from linops._projector import gram_rtol
+        >>> round(gram_rtol((160, 61706), jnp.float32) / float(jnp.finfo(jnp.float32).eps))   # sqrt(61706)
+        248
+    """
+    m, n = shape
+    return max(float(m), float(n) ** 0.5) * float(jnp.finfo(dtype).eps)
 
 
 def gram_factor(gram, shape, rtol=None):
     r"""``(W, rank)`` with $W^\top W = (M M^\top)^+$ from the Gram of an ``(m, n)`` matrix ``M``.
 
-    Eigenvalues below ``rtol * max eigenvalue`` count as zero (default ``max(m, n) * eps``).
+    Eigenvalues below ``rtol * max eigenvalue`` count as zero (default `gram_rtol`: $\max(m, \sqrt n)\,\epsilon$).
     """
     gram = 0.5 * (gram + gram.T)
     w, Q = jnp.linalg.eigh(gram)
-    rtol = default_rtol(shape, w.dtype) if rtol is None else rtol
+    rtol = gram_rtol(shape, w.dtype) if rtol is None else rtol
     keep = w > rtol * jnp.max(w)
     scale = jnp.where(keep, 1.0 / jnp.sqrt(jnp.where(keep, w, 1.0)), 0.0)
     return (Q * scale[None, :]).T, jnp.sum(keep)
@@ -32,8 +53,9 @@ class ProjectorOp(LinearOperator):
     factor ``W`` with $W^\top W = (M M^\top)^+$); each product then costs one product with
     ``M``, one with ``M^T`` and an ``m x m`` matrix-vector product. Rank deficiency is
     handled by a RELATIVE cut-off: Gram eigenvalues below ``rtol * max eigenvalue`` count as
-    zero (default ``rtol = max(m, n) * eps``, the accuracy to which the Gram's eigenvalues are
-    known), never by an absolute threshold.
+    zero (default ``rtol = max(m, sqrt(n)) * eps``, the accuracy to which the Gram's eigenvalues are
+    known: an ``m x m`` eigendecomposition's, and the typical rounding of ``n``-term inner
+    products), never by an absolute threshold.
 
     Working through the Gram squares the condition number: expect errors of order
     $\epsilon\,\kappa(M)^2$, so use float64 for ill-conditioned ``M`` in float32 workloads.

@@ -79,7 +79,8 @@ class AlternatingProjectionOp(LinearOperator):
             float64; CG keeps its best iterate and stops after 50 steps without progress, so a
             tolerance below the attainable accuracy costs sweeps, never accuracy); for ``"plain"``,
             stop when a sweep changes the vector by less than ``rtol`` relatively (0: never).
-        cutoff: relative eigenvalue cut-off of each Gram $M_b M_b^\top$ (default ``max(R, P) eps``).
+        cutoff: relative eigenvalue cut-off of each Gram $M_b M_b^\top$ (default ``max(R, sqrt(P)) eps``, the
+            accuracy of its eigenvalues; `linops._projector.gram_rtol`).
         store_linearization: keep each batch's linearisation for the sweeps (True), keep its ``R x P``
             rows (``"rows"``: two matrix products per batch, 3.2x faster than the tangent and transposed
             passes on LeNet-5's convolutions on CPU, for ``R P`` numbers per batch), recompute the forward

@@ -76,7 +76,7 @@ class RowBlocks(eqx.Module):
     @classmethod
     def build(cls, rows: RowSource, *, cutoff=None, store_linearization=None, mesh=None,
               axis: str = "data") -> RowBlocks:
-        r"""Factor every batch's Gram $M_b M_b^\top$ (relative eigenvalue ``cutoff``, default ``max(R, P) eps``).
+        r"""Factor every batch's Gram $M_b M_b^\top$ (relative eigenvalue ``cutoff``, default ``max(R, sqrt(P)) eps``).
 
         ``store_linearization``: keep each batch's linearisation (True), its rows (``"rows"``), recompute the
         forward pass in every product (False), or (None) choose: the rows when a tangent pass costs more flops
