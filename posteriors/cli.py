@@ -141,7 +141,7 @@ def _classification_config(args, command):
         mnist = dataset == "mnist"
         cfg = dataclasses.replace(cfg, steps=1000, num_samples=30, fsp_steps=600, marglik_steps=50,
                                   angles=(0, 45, 90, 180), ensemble_members=3,
-                                  projection_sweeps=100 if command == "projected" else 200,
+                                  projection_sweeps=1000 if command == "projected" else 200,  # CG stops earlier
                                   max_train=(500 if command == "projected" else 1000) if mnist else None,
                                   max_test=500 if mnist else None)
     if command == "projected" and args.max_train is not None:

@@ -46,6 +46,16 @@ def test_projected_on_the_papers_protocol(tmp_path):
     # rotated digits from the test digits better than the MAP's max-softmax score
     for ood in ("noise", "rotated 90°"):
         assert rows["Projected"][f"auroc_{ood}"] > rows["MAP"][f"auroc_{ood}"] + 0.05, ood
+    # table 2 (lemma 3.1): the projected posterior is the MAP in distribution, because its samples stay in the
+    # kernel of the training Jacobian. Measured at this size: confidence 0.947 against 0.951, the same accuracy,
+    # kernel residual 1.4e-2 after 145 CG steps, the training digits' OOD score 19 times below the test digits'
+    # (before the Gram cut-off was corrected: 0.919, residual 7.4e-2, 1.8 times)
+    projected, map_ = rows["Projected"], rows["MAP"]
+    assert abs(projected["confidence"] - map_["confidence"]) < 0.01
+    assert abs(projected["accuracy"] - map_["accuracy"]) < 0.01
+    record = info["Projected"]
+    assert record["trace_probes_converged"] and record["projection_residual"] < 0.05
+    assert record["score_train_median"] < 0.2 * record["score_test_median"]
 
 
 def test_subnetwork_on_the_papers_protocol(tmp_path):

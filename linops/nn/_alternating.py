@@ -66,10 +66,9 @@ class AlternatingProjectionOp(LinearOperator):
     Set-up, per batch: the rows of $M_b$ come from per-example reverse passes (each row needs
     only its own example), and the Gram $M_b M_b^\top$ from forward-mode products of $M_b$ with
     them (or their inner products); it is factored by an eigendecomposition with a relative cut-off.
-    Sweeps run in the parameters' own pytree layout (no flattening per batch), and by default on
-    what each batch stored once: its linearisation (the activations and derivatives of the forward
-    pass, not the weights, which are shared), so a sweep costs a tangent and a transposed pass per
-    batch and no forward; or, for a convolutional network whose rows fit, the rows themselves.
+    Sweeps run in the parameters' own pytree layout, on what each batch stored once: its linearisation
+    (activations and derivatives, not the shared weights: a tangent and a transposed pass per batch),
+    or for a convolutional network whose rows fit, the rows themselves.
 
     Args (of the constructors):
         batch_size: examples (rows) per batch ``S``; the short last batch is projected too.
@@ -81,12 +80,11 @@ class AlternatingProjectionOp(LinearOperator):
             stop when a sweep changes the vector by less than ``rtol`` relatively (0: never).
         cutoff: relative eigenvalue cut-off of each Gram $M_b M_b^\top$ (default ``max(R, sqrt(P)) eps``, the
             accuracy of its eigenvalues; `linops._projector.gram_rtol`).
-        store_linearization: keep each batch's linearisation for the sweeps (True), keep its ``R x P``
-            rows (``"rows"``: two matrix products per batch, 3.2x faster than the tangent and transposed
-            passes on LeNet-5's convolutions on CPU, for ``R P`` numbers per batch), recompute the forward
-            pass in every sweep (False), or (None, default) choose: the rows when XLA counts more flops
-            for a tangent pass than for a product with them and they fit in half the free memory, else
-            the linearisation when it fits, else nothing. `storage` says which was chosen.
+        store_linearization: keep each batch's linearisation (True), its ``R x P`` rows (``"rows"``: two
+            matrix products per batch, 3.9x faster than LeNet-5's tangent and transposed passes on CPU),
+            nothing (False: recompute the forward pass), or (None) the rows when XLA counts more flops for a
+            tangent pass and they fit in half the free memory, else the linearisation when it fits, else
+            nothing. `storage` says which was chosen.
         progress: a progress bar per projection (of a vector or of a block of them) on stderr
             (`tqdm`; shown once a projection runs longer than two seconds), advanced at every sweep
             with the residual (the largest over a block's columns) and ended with the outcome. Off by
@@ -169,10 +167,8 @@ class AlternatingProjectionOp(LinearOperator):
     mesh = property(lambda self: self.blocks.mesh, doc="The mesh the batches are split over (or None).")
     axis = property(lambda self: self.blocks.axis, doc="The mesh axis the batches are split along.")
     num_batches = property(lambda self: self.blocks.num_batches, doc="The number of (padded) batches.")
-    stores_linearization = property(lambda self: self.blocks.stores_linearization,
-                                    doc="Whether the sweeps run on stored per-batch linearisations or rows.")
-    storage = property(lambda self: self.blocks.storage,
-                       doc='What the sweeps run on: ``"rows"``, ``"linearization"`` or ``"none"`` (recomputed).')
+    stores_linearization = property(lambda self: self.blocks.stores_linearization, doc="Whether anything is stored.")
+    storage = property(lambda self: self.blocks.storage, doc='``"rows"``, ``"linearization"`` or ``"none"``.')
     shape = property(lambda self: (self.size, self.size))
     dtype = property(lambda self: self.blocks.dtype)
     tags = property(lambda self: _tags.close({_tags.projector}, self.shape))
