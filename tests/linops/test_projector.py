@@ -91,3 +91,22 @@ def test_projector_input_errors():
         lo.ProjectorOp.onto_row_space(jnp.ones(3))
     with pytest.raises(ValueError, match="Complement: Dense\\(2, 2\\) is not tagged projector"):
         lo.Complement(lo.Dense(jnp.eye(2)))
+
+
+def test_a_wide_float32_matrix_keeps_every_row_its_gram_resolves():
+    """The Gram's default cut-off is max(m, sqrt(n)) eps of its largest eigenvalue, the accuracy of those
+    eigenvalues: 20 rows of 20,000 float32 columns with singular values from 1 down to 1e-2 (Gram eigenvalues
+    down to 1e-4) are all kept, by the exact projector and by alternating projections. numpy's rank rule
+    max(m, n) eps = 2.4e-3, applied to the Gram's eigenvalues, kept 13 and left the rest of the row space in place."""
+    m, n = 20, 20_000
+    rng = np.random.default_rng(21)
+    U = np.linalg.qr(rng.standard_normal((m, m)))[0]
+    V = np.linalg.qr(rng.standard_normal((n, m)))[0]
+    M = jnp.asarray((U * np.logspace(0, -2, m)) @ V.T, jnp.float32)
+    x = jnp.asarray(rng.standard_normal(n), jnp.float32)
+    P = lo.ProjectorOp.onto_null_space(M)
+    assert int(P.rank) == m
+    A = lo.AlternatingProjectionOp.from_matrix(M, batch_size=m)
+    assert int(jnp.sum(jnp.any(A.W[0] != 0, axis=1))) == m
+    for op in (P, A):  # the rows with the smallest singular values are projected out too
+        assert float(jnp.linalg.norm(M @ (op @ x)) / jnp.linalg.norm(M @ x)) < 1e-3
