@@ -6,7 +6,7 @@
 backend runs slowly) and vectorised otherwise. This measures both programs, as called (compile
 included, the way an experiment calls it), on LeNet-5 (61,706 float32 parameters, MNIST digits) and on
 a 784-100-100-10 tanh MLP: 5 members, 200 Adam steps of 128 examples. Agreement check before timing:
-the two programs give the same members (to float32 rounding of the summation order). See
+the two programs give the same members after 5 steps (to float32 rounding of the summation order). See
 ``benchmarks/README.md``.
 
 Run:  python benchmarks/ensemble.py            # full run (about 4 minutes on 2 cores)
@@ -55,18 +55,20 @@ def run_model(name, cfg, *, log, quick):
 
     record = {}
 
-    def train(in_turn):  # records what the library would choose, and runs the program asked for
+    def train(in_turn, steps=cfg["steps"]):  # records what the library would choose, runs the program asked for
         ensemble._members_in_turn = lambda *a: (record.setdefault("in turn", chosen(*a)), in_turn)[1]
         try:
             return pst.deep_ensemble(fn, init, (X, y), Categorical(), key=jax.random.PRNGKey(3),
-                                     num_members=cfg["members"], num_steps=cfg["steps"], batch_size=cfg["batch"],
+                                     num_members=cfg["members"], num_steps=steps, batch_size=cfg["batch"],
                                      progress=False).members
         finally:
             ensemble._members_in_turn = chosen
 
+    # Agreement after 5 steps: further on, float32 rounding in another order grows along each member's
+    # (chaotic) training path (3e-3 relative after 200 LeNet-5 steps), which says nothing about the programs.
+    checks = {f"{name}: members in turn vs vectorised after 5 steps (rel err)":
+              H.rel_err(train(True, 5), train(False, 5))}
     calls = {"in turn": lambda: train(True), "vectorised": lambda: train(False)}
-    outs = {k: f() for k, f in calls.items()}
-    checks = {f"{name}: members in turn vs vectorised (rel err)": H.rel_err(outs["in turn"], outs["vectorised"])}
     times, n_rounds = H.rounds(calls, min_rounds=cfg["rounds"], max_rounds=cfg["rounds"])
     med = H.medians(times)
     default = "in turn" if record["in turn"] else "vectorised"
@@ -102,7 +104,7 @@ def main(argv=None):
     rows = [run_model(name, cfg, log=run.log, quick=run.quick) for name in ("lenet5", "mlp")]
     for r in rows:
         for k, v in r["checks"].items():
-            if not v <= 1e-3:
+            if not v <= 1e-4:
                 raise SystemExit(f"{k} = {v:.2e}: the two programs disagree")
     run.write({"config": cfg, "summary": {r["model"]: r["ratio vectorised / in turn"]["median"] for r in rows},
                "result": rows}, markdown)

@@ -81,7 +81,7 @@ class AlternatingProjectionOp(LinearOperator):
         cutoff: relative eigenvalue cut-off of each Gram $M_b M_b^\top$ (default ``max(R, sqrt(P)) eps``, the
             accuracy of its eigenvalues; `linops._projector.gram_rtol`).
         store_linearization: keep each batch's linearisation (True), its ``R x P`` rows (``"rows"``: two
-            matrix products per batch, 3.9x faster than LeNet-5's tangent and transposed passes on CPU),
+            matrix products per batch, 4x faster than LeNet-5's tangent and transposed passes on CPU),
             nothing (False: recompute the forward pass), or (None) the rows when XLA counts more flops for a
             tangent pass and they fit in half the free memory, else the linearisation when it fits, else
             nothing. `storage` says which was chosen.

@@ -10,7 +10,7 @@ linear map $t \mapsto M_b t$ stored once, in one of two forms:
 - ``"rows"``: the ``R x P`` rows of $M_b$ themselves (in the parameters' layout), so $Q_b$ costs two
   matrix products. A convolution reuses each weight at every pixel, so its tangent pass costs more
   than the ``2 R P`` flops of a product with the rows, and runs far below a matrix product's speed
-  on CPU: LeNet-5's sweeps run 3.2x faster on its rows.
+  on CPU: LeNet-5's sweeps run 4x faster on its rows (`benchmarks/projected.py` (e)).
 
 Set-up, per batch: the rows of $M_b$ come from per-example reverse passes (each row needs only its
 own example), and the Gram $M_b M_b^\top$ from forward-mode products of $M_b$ with them or from their
@@ -86,7 +86,7 @@ class RowBlocks(eqx.Module):
         projector is idempotent, so a sweep's projection is unchanged).
 
         Raises:
-            linops.memory.MemoryBudgetError: the factors (or the linearisations asked for) do not fit.
+            linops.memory.MemoryBudgetError: the factors (or the rows or linearisations asked for) do not fit.
         """
         if store_linearization not in (None, True, False, _ROWS):
             raise ValueError(f"{_WHO}: store_linearization must be None, True, False or 'rows', got "
