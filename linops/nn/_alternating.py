@@ -96,17 +96,15 @@ class AlternatingProjectionOp(LinearOperator):
             so the projection is unchanged).
         axis: the mesh axis the batches are split along (default ``"data"``).
         split_sweeps: with a mesh, how a sweep runs. False (default): the sweep is the same
-            product $Q_B \cdots Q_1$ as on one device (identical results); XLA moves each
-            batch's factors to the vector as the scan reaches them; a block of vectors (``A @ V``,
-            `project_samples`) runs sample-parallel instead, the vectors travelling round the
-            devices and the factors staying put. True: each device sweeps its
-            own batches, on its own factors, and the results are averaged (``psum``):
-            $\bar T = \frac1D \sum_d T_d$ with $T_d$ device $d$'s symmetric sweep. Every $T_d$
-            is symmetric PSD with eigenvalue 1 exactly on $\ker M_d \supseteq \ker M$, so $\bar T$
-            is too, with eigenvalue 1 exactly on $\ker M$, and CG converges to the same projector;
-            but a product of projectors depends on its order and an average of shorter products
-            contracts less than the full product, so it takes more sweeps, each costing $1/D$ of
-            one (`benchmarks/scaling.py` measures both).
+            product $Q_B \cdots Q_1$ as on one device (identical results); XLA moves each batch's factors to
+            the vector as the scan reaches them; a block of vectors (``A @ V``, `project_samples`) runs
+            sample-parallel instead, the vectors travelling round the devices and the factors staying put.
+            True: each device sweeps its own batches, on its own factors, and the results are averaged
+            (``psum``): $\bar T = \frac1D \sum_d T_d$ with $T_d$ device $d$'s symmetric sweep. Every $T_d$
+            is symmetric PSD with eigenvalue 1 exactly on $\ker M_d \supseteq \ker M$, so $\bar T$ is too,
+            with eigenvalue 1 exactly on $\ker M$, and CG converges to the same projector; but a product of
+            projectors depends on its order and an average of shorter products contracts less than the full
+            product, so it takes more sweeps, each costing $1/D$ of one (`benchmarks/scaling.py` measures both).
 
     Examples:
         >>> import jax.numpy as jnp, linops as lo
@@ -114,6 +112,8 @@ class AlternatingProjectionOp(LinearOperator):
         >>> Pi = lo.AlternatingProjectionOp.from_matrix(M, batch_size=1)
         >>> (Pi @ jnp.array([1.0, 1.0, 1.0])).round(5) + 0.0   # + 0.0 turns -0. into 0.
         Array([0., 0., 1.], dtype=float32)
+        >>> lo.AlternatingProjectionOp.from_matrix(M, batch_size=1, store_linearization="rows").storage
+        'rows'
     """
 
     blocks: RowBlocks
