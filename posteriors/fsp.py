@@ -339,10 +339,11 @@ def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likeliho
         rtol: relative cut-off of the pseudo-inverses of $K_{CC}$ (its eigenvalues) and of
             $M = J(C)^\top L$ (its singular values). Default $10^{-6}$, in float32 and float64 alike: a
             direction dropped gets zero variance, one kept near the cut-off gets its variance with
-            float32's rounding (about $\epsilon / 10^{-6}$, 12%, relative), and the first is the worse
-            error. (A cut-off at the worst-case rounding level $n_C O\,\epsilon$ dropped directions
-            float64 keeps from 100 context points on: 10 of 43 kept on the weekly Mauna Loa record
-            with 300, test log-likelihood -49.5 per week against float64's -6.2.)
+            float32's rounding (its singular value to about $\epsilon / 10^{-6}$, 12%, its variance to
+            twice that), and the first is the worse error. (A cut-off at the worst-case rounding level
+            $n_C O\,\epsilon$ dropped directions float64 keeps from 100 context points on: 10 of 43
+            kept on the weekly Mauna Loa record with 300, test log-likelihood -49.5 per week against
+            float64's -6.2.)
             $A = D^2 + U^\top G U$ has no cut-off: it is inverted in its whitened form
             $D (I + D^{-1} U^\top G U D^{-1}) D$, whose middle factor has eigenvalues of at least 1.
             A direction dropped by a cut-off gets ZERO posterior variance, and the directions a
