@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import linops as lo
 import linops.kernels
 import linops.likelihoods
@@ -60,13 +62,20 @@ _EXAMPLE_IN_MODULE_DOC = {
 }
 
 
-def test_docstring_examples_run():
+# Two interpreters, each running half of the modules' examples (about 50 s in all on 2 cores): one test of
+# them all ran last on one worker of the default suite while the other sat idle.
+_CHUNKS = 2
+
+
+@pytest.mark.parametrize("chunk", range(_CHUNKS))
+def test_docstring_examples_run(chunk):
     """Run the doctests in a fresh interpreter, in JAX's default float32 mode."""
+    modules = _MODULES[chunk::_CHUNKS]
     code = textwrap.dedent(
         f"""
         import doctest, importlib, sys
         failed = 0
-        for name in {_MODULES!r}:
+        for name in {modules!r}:
             module = importlib.import_module(name)
             result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
             failed += result.failed

@@ -4,13 +4,14 @@ The default suite checks their format; the slow tier executes each one (``LINOPS
 a temporary folder) and checks that it wrote every figure it names. Their own ``assert``s check the papers' claims.
 """
 
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests._env import user_env
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.py"))
@@ -40,7 +41,7 @@ def test_notebook_format(path):
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_in_quick_mode(path, tmp_path):
-    env = dict(os.environ, LINOPS_NOTEBOOK_QUICK="1", LINOPS_NOTEBOOK_FIGURES=str(tmp_path), MPLBACKEND="Agg")
+    env = user_env(LINOPS_NOTEBOOK_QUICK="1", LINOPS_NOTEBOOK_FIGURES=str(tmp_path), MPLBACKEND="Agg")
     proc = subprocess.run([sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

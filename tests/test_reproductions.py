@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from tests._env import user_env
+
 pytestmark = pytest.mark.reproduction
 
 
@@ -21,7 +23,8 @@ def _run(tmp_path, *argv):
     float64, which changes what the experiments compute)."""
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "-m", "posteriors", *argv, "--quick", "--quiet", "--out", str(out),
-                           "--compilation-cache", "none"], capture_output=True, text=True, timeout=1800)
+                           "--compilation-cache", "none"], env=user_env(), capture_output=True, text=True,
+                          timeout=1800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out
 
