@@ -19,7 +19,7 @@ from linops import (
     nn,
     tags,
 )
-from linops._base import LinearOperator, new_key
+from linops._base import LinearOperator
 from linops._composite import Inverse, Product, Scaled, Sum, Transpose
 from linops._depth import ExpressionTooDeepError, max_nesting, nesting_depth
 from linops._eigen import EigenDecomposed
@@ -73,7 +73,7 @@ __all__ = [
     "JacobianOp", "kernels", "KernelGramOp", "KFAC", "kfac", "Kronecker", "Lanczos", "lanczos", "LanczosLowRankOp",
     "likelihoods", "LinearOperator", "LineaxOp", "logdet",
     "LossJacobianOp", "lower", "Lowered", "LowRank", "max_nesting", "memory", "models", "nesting_depth", "nn",
-    "new_key", "NoReduction", "pinv",
+    "NoReduction", "pinv",
     "Product", "Projection", "ProjectorOp", "Rule", "RULES", "Scaled", "Selection", "sharded_mm", "shift", "simplify",
     "Solution", "solve", "sqrt", "StreamingGGNOp", "Sum", "tags", "to_lineax", "trace", "Transpose", "Zero",
 ]

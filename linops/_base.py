@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Hashable
 from typing import Any
 
@@ -16,25 +15,103 @@ from linops import _tags
 from linops._arrays import describe, is_scalar_like  # noqa: F401  (re-exported: defined here before)
 from linops.memory import check_dense
 
-_counter = itertools.count()
-
-
-def new_key() -> int:
-    """A fresh stable key for a leaf that holds data.
-
-    Keys are static pytree data: they survive `jax.jit` round trips, so `simplify` can
-    recognise that two leaves are the same operator after tracing (Python `is` cannot).
-    Give your own operator a static ``uid`` field set from it.
-
-    Examples:
-        >>> import linops as lo
-        >>> lo.new_key() != lo.new_key()
-        True
-    """
-    return next(_counter)
-
-
 _COMPOSITES: dict[str, Any] = {}
+
+
+def data_signature(op) -> Hashable:
+    """The signature of a leaf: its pytree structure and the identities of its arrays.
+
+    An operator holding no array (an identity, a zero) is identified by its structure alone.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(op)
+    return (treedef, tuple(map(id, leaves)))
+
+
+class SharedArrays:
+    """Which array leaves below a composite are one array: static data that survives flattening.
+
+    A composite's pytree structure records the pattern of shared leaves (``J`` twice in ``J^T D J``,
+    ``P`` twice in ``P @ P``) as canonical first-appearance numbers, never the arrays' identities:
+    two separately built expressions of one structure and one pattern are equal static keys and
+    share every compiled program, while ``J^T D J`` and ``K^T D J`` are different keys. Unflattening
+    (inside `jax.jit`, `jax.vmap`, `equinox.combine`) makes the shared positions one array again,
+    so that signatures, tags (a congruence is PSD) and the rewrite rules still recognise them.
+
+    Computed lazily, on first comparison, from the operands it holds until then (building an
+    n-ary composite stays O(n)).
+    """
+
+    __slots__ = ("_operands", "_pattern")
+
+    def __init__(self, operands):
+        self._operands, self._pattern = operands, None
+
+    @property
+    def pattern(self) -> tuple:
+        """``(number of leaves, first-appearance index of each leaf or None when all differ)``."""
+        if self._operands is not None:
+            leaves = jax.tree_util.tree_leaves(self._operands)
+            first: dict[int, int] = {}
+            indices = tuple(first.setdefault(id(x), i) for i, x in enumerate(leaves))
+            distinct = len(first) == len(indices)
+            self._pattern = (len(indices), None if distinct else indices)
+            self._operands = None
+        return self._pattern
+
+    def __eq__(self, other):
+        return isinstance(other, SharedArrays) and self.pattern == other.pattern
+
+    def __hash__(self):
+        return hash(self.pattern)
+
+    def __repr__(self):
+        return f"SharedArrays{self.pattern}"
+
+
+class _SharedArraysField:
+    """The descriptor of a composite's ``_shared`` field: re-shares the operands' leaves on unflatten.
+
+    Equinox unflattens a module by setting its fields, the operands first and the static fields last;
+    setting ``_shared`` is where the operands' shared leaves become one object again.
+    """
+
+    def __init__(self, fields: tuple[str, ...]):
+        self.fields = fields
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else obj.__dict__["_shared"]
+
+    def __set__(self, obj, value):
+        obj.__dict__["_shared"] = value
+        if not isinstance(value, SharedArrays):
+            return
+        count, indices = value.pattern
+        if indices is None:
+            return
+        operands = tuple(obj.__dict__.get(f) for f in self.fields)
+        leaves, treedef = jax.tree_util.tree_flatten(operands)
+        # a partial tree (eqx.partition's halves drop leaves) has nothing to re-share
+        if len(leaves) != count or all(leaves[j] is x for x, j in zip(leaves, indices, strict=True)):
+            return
+        shared = jax.tree_util.tree_unflatten(treedef, [leaves[j] for j in indices])
+        for f, v in zip(self.fields, shared, strict=True):
+            obj.__dict__[f] = v
+
+    def track(self, obj) -> None:
+        """Called at the end of a composite's ``__init__``: record its operands (lazily)."""
+        obj.__dict__["_shared"] = SharedArrays(tuple(obj.__dict__.get(f) for f in self.fields))
+
+
+def shares_arrays(*fields: str):
+    """Class decorator of a composite (an operator over operands) with a static ``_shared`` field:
+    the operands named by ``fields`` keep their shared leaves through flattening (`SharedArrays`).
+    Its ``__init__`` ends with ``type(self)._shared.track(self)``."""
+
+    def decorate(cls):
+        cls._shared = _SharedArraysField(fields)
+        return cls
+
+    return decorate
 
 
 def register_composites(**constructors) -> None:
@@ -180,15 +257,24 @@ class LinearOperator(eqx.Module):
     def signature(self) -> Hashable:
         """A hashable identity: equal signatures mean the same linear map.
 
-        Leaves holding data are identified by their stable key (a static ``uid`` field set
-        from `linops.new_key`), composites by their operands' signatures. An operator with
-        neither is identified by the Python object: never wrongly equal to another, but
-        not recognised after a `jax.jit` round trip (give your operator a ``uid`` for that).
+        A leaf is identified by its tree structure (type, shape, static options) and the
+        Python identity of the arrays it holds, composites by their operands' signatures. Two
+        operators built on the same arrays are the same map; a freshly built one is another
+        map, yet of the same structure, so it reuses every compiled program of its kind (its
+        identity is not part of the pytree's static data). Inside `jax.jit` the traced arrays
+        identify the leaves: an operator used twice in a traced function is recognised, and
+        one passed in twice (as two arguments, or twice within one argument) is taken as two
+        operators, which costs a simplification, never a wrong result.
+
+        Examples:
+            >>> import jax.numpy as jnp, linops as lo
+            >>> x = jnp.eye(2)
+            >>> lo.Dense(x).signature() == lo.Dense(x).signature()
+            True
+            >>> lo.Dense(x).signature() == lo.Dense(jnp.eye(2)).signature()
+            False
         """
-        uid = getattr(self, "uid", None)
-        if uid is not None:
-            return (type(self).__name__, uid)
-        return (type(self).__name__, "object", id(self))
+        return data_signature(self)
 
     # --- derived ------------------------------------------------------------------
 

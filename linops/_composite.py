@@ -23,12 +23,13 @@ from linops import _tags
 from linops._arrays import is_known_nonnegative
 from linops._base import (
     LinearOperator,
+    SharedArrays,
     describe,
     factorize_children,
     is_scalar_like,
-    new_key,
     register_composites,
     result_dtype,
+    shares_arrays,
     splice,
 )
 from linops._depth import composite_levels, nesting_depth
@@ -55,6 +56,7 @@ def _sum_closed_form(hook, op, *args):
     return NotImplemented
 
 
+@shares_arrays("terms")
 class Sum(LinearOperator):
     """``A_1 + A_2 + ...`` (built by ``A + B``).
 
@@ -65,6 +67,7 @@ class Sum(LinearOperator):
 
     terms: tuple
     _levels: int = eqx.field(static=True, repr=False)
+    _shared: SharedArrays = eqx.field(static=True, repr=False)
 
     def __init__(self, terms: Sequence[LinearOperator]):
         terms = tuple(terms)
@@ -78,6 +81,7 @@ class Sum(LinearOperator):
                 )
         self._levels = composite_levels("Sum", [nesting_depth(t) - (type(t) is Sum) for t in terms])
         self.terms = splice(terms, Sum, "terms")
+        type(self)._shared.track(self)
 
     @property
     def shape(self):
@@ -138,24 +142,18 @@ class Sum(LinearOperator):
         return _sum_closed_form("root", self)
 
 
-def _scalar_uid(c):
-    if isinstance(c, (int, float, np.number)):
-        return ("const", float(c))
-    return None
+def _constant(c):
+    """The value of a Python or NumPy number (part of the structure, as a literal is), else None."""
+    return float(c) if isinstance(c, (int, float, np.number)) and not isinstance(c, bool) else None
 
 
-def _uid_head(uid):
-    return uid[0] if isinstance(uid, tuple) and uid else None
+def constant_product(a: float | None, b: float | None) -> float | None:
+    """The constant of a product of two scalars: known when both are."""
+    return None if a is None or b is None else a * b
 
 
-def product_uid(a, b):
-    """The uid of a product of two scalars: a constant stays a constant; a few keys make a flat
-    ``("mul", ...)`` (the same fold gives the same key); more make a fresh key, so folding 10,000
-    scalings neither nests 10,000 tuples nor carries a 10,000-long one."""
-    if _uid_head(a) == _uid_head(b) == "const":
-        return ("const", a[1] * b[1])
-    keys = (a[1:] if _uid_head(a) == "mul" else (a,)) + (b[1:] if _uid_head(b) == "mul" else (b,))
-    return ("mul",) + keys if len(keys) <= 8 else new_key()
+def _reciprocal(c: float | None) -> float | None:
+    return None if c is None or c == 0 else 1.0 / c
 
 
 class Scaled(LinearOperator):
@@ -166,25 +164,29 @@ class Scaled(LinearOperator):
         op: the operator.
         nonnegative: declare ``c >= 0`` so that a PSD ``A`` stays PSD; a concrete ``c``
             has its sign read, a traced one has none to read.
+        constant: the value of ``c`` when it is a literal (read from a Python or NumPy number by
+            default). A literal is part of the structure, as it is in a program: ``2.0 * A`` and
+            ``3.0 * A`` compile apart, while an array scalar (a prior precision, a step) is data.
     """
 
     scalar: jax.Array
     op: LinearOperator
     nonnegative: bool = eqx.field(static=True)
     is_one: bool = eqx.field(static=True)
-    uid: object = eqx.field(static=True)
+    constant: float | None = eqx.field(static=True)
     _levels: int = eqx.field(static=True, repr=False)
 
-    def __init__(self, scalar, op: LinearOperator, *, nonnegative: bool | None = None, uid=None):
+    def __init__(self, scalar, op: LinearOperator, *, nonnegative: bool | None = None, constant: float | None = None):
         if not is_scalar_like(scalar):
             raise ValueError(f"Scaled: expected a scalar, got {describe(scalar)}")
         if not isinstance(op, LinearOperator):
             raise TypeError(f"Scaled: expected a LinearOperator, got {type(op).__name__}")
-        uid = uid if uid is not None else (_scalar_uid(scalar) or new_key())
+        constant = _constant(scalar) if constant is None else constant
         if type(op) is Scaled:  # c (d A) is (cd) A: repeated scaling never nests
             nonnegative = (is_known_nonnegative(scalar, nonnegative) and op.nonnegative) or None
-            scalar, uid, op = jnp.asarray(scalar) * op.scalar, product_uid(uid, op.uid), op.op
-        self.uid = uid
+            constant = constant_product(constant, op.constant)
+            scalar, op = jnp.asarray(scalar) * op.scalar, op.op
+        self.constant = constant
         self._levels = composite_levels("Scaled", [nesting_depth(op)])
         concrete = not isinstance(scalar, jax.core.Tracer)
         self.is_one = concrete and bool(np.asarray(scalar) == 1)
@@ -209,10 +211,11 @@ class Scaled(LinearOperator):
         return (self.op,)
 
     def with_children(self, children):
-        return Scaled(self.scalar, children[0], nonnegative=self.nonnegative or None, uid=self.uid)
+        return Scaled(self.scalar, children[0], nonnegative=self.nonnegative or None, constant=self.constant)
 
     def signature(self):
-        return ("Scaled", self.uid, self.op.signature())
+        scalar = ("const", self.constant) if self.constant is not None else id(self.scalar)
+        return ("Scaled", scalar, self.op.signature())
 
     def _c(self, x):
         return self.scalar.astype(jnp.result_type(self.scalar, x)) * x
@@ -244,7 +247,7 @@ class Scaled(LinearOperator):
 
     def _inv(self):
         return Scaled(1.0 / self.scalar, inverse_of(self.op), nonnegative=self.nonnegative or None,
-                      uid=("inverse", self.uid))
+                      constant=_reciprocal(self.constant))
 
     def _logdet(self):
         ld = self.op._logdet()
@@ -255,14 +258,13 @@ class Scaled(LinearOperator):
     def _pinv(self, rtol):
         p = self.op._pinv(rtol)
         return p if p is NotImplemented else Scaled(1.0 / self.scalar, p, nonnegative=self.nonnegative or None,
-                                                    uid=("inverse", self.uid))
+                                                    constant=_reciprocal(self.constant))
 
     def _sqrt(self):
         if not self.nonnegative:
             return NotImplemented
         s = self.op._sqrt()
-        return s if s is NotImplemented else Scaled(jnp.sqrt(self.scalar), s, nonnegative=True,
-                                                    uid=("sqrt", self.uid))
+        return s if s is NotImplemented else Scaled(jnp.sqrt(self.scalar), s, nonnegative=True)
 
     def _eigendecompose(self):
         E = self.op._eigendecompose()
@@ -274,7 +276,7 @@ class Scaled(LinearOperator):
         if not self.nonnegative:
             return NotImplemented
         r = self.op._root()
-        return r if r is NotImplemented else Scaled(jnp.sqrt(self.scalar), r, nonnegative=True, uid=("root", self.uid))
+        return r if r is NotImplemented else Scaled(jnp.sqrt(self.scalar), r, nonnegative=True)
 
     def _factorize(self):
         return factorize_children(self, (self.op,))

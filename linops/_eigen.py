@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from linops import _tags
 from linops._arrays import as_matrix_array, cutoff_inverse, is_known_nonnegative
-from linops._base import LinearOperator, describe, new_key
+from linops._base import LinearOperator, describe
 
 
 class EigenDecomposed(LinearOperator):
@@ -42,9 +42,8 @@ class EigenDecomposed(LinearOperator):
     Q: LinearOperator
     w: jax.Array
     nonnegative: bool = eqx.field(static=True)
-    uid: object = eqx.field(static=True)
 
-    def __init__(self, Q, w, *, nonnegative: bool | None = None, uid=None):
+    def __init__(self, Q, w, *, nonnegative: bool | None = None):
         if not isinstance(Q, LinearOperator):
             raise TypeError("EigenDecomposed: Q must be an orthogonal operator (e.g. lo.Dense(Q, "
                             f"tags={{'orthogonal'}})), got {type(Q).__name__}")
@@ -57,10 +56,9 @@ class EigenDecomposed(LinearOperator):
                              "declare it, e.g. lo.Dense(Q, tags={'orthogonal'})")
         self.Q, self.w = Q, w
         self.nonnegative = is_known_nonnegative(w, nonnegative)
-        self.uid = new_key() if uid is None else uid
 
-    def _with(self, w, nonnegative=None, tag=None):
-        return EigenDecomposed(self.Q, w, nonnegative=nonnegative, uid=None if tag is None else (tag, self.uid))
+    def _with(self, w, nonnegative=None):
+        return EigenDecomposed(self.Q, w, nonnegative=nonnegative)
 
     @property
     def shape(self):
@@ -97,7 +95,7 @@ class EigenDecomposed(LinearOperator):
         return self.Q.mv(self.Q.rmv(b) / self.w) if b.ndim == 1 else self.Q.mm(self.Q.rmm(b) / self.w[:, None])
 
     def _inv(self):
-        return self._with(1.0 / self.w, nonnegative=self.nonnegative or None, tag="inverse")
+        return self._with(1.0 / self.w, nonnegative=self.nonnegative or None)
 
     def _pinv(self, rtol):
         return self._with(cutoff_inverse(self.w, rtol, self.shape), nonnegative=self.nonnegative or None)
@@ -105,7 +103,7 @@ class EigenDecomposed(LinearOperator):
     def _sqrt(self):
         if not self.nonnegative:
             return NotImplemented
-        return self._with(jnp.sqrt(jnp.clip(self.w, 0.0)), nonnegative=True, tag="sqrt")
+        return self._with(jnp.sqrt(jnp.clip(self.w, 0.0)), nonnegative=True)
 
     def _logdet(self):
         return jnp.sum(jnp.log(jnp.abs(self.w)))

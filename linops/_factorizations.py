@@ -16,7 +16,7 @@ from jax import lax
 
 from linops import _tags
 from linops._arrays import as_matrix_array
-from linops._base import LinearOperator, describe, new_key
+from linops._base import LinearOperator, describe
 
 
 def _columns(b):
@@ -46,9 +46,8 @@ class Triangular(LinearOperator):
     matrix: jax.Array
     lower: bool = eqx.field(static=True)
     transposed: bool = eqx.field(static=True)
-    uid: object = eqx.field(static=True)
 
-    def __init__(self, matrix, lower: bool = True, *, transposed: bool = False, uid=None,
+    def __init__(self, matrix, lower: bool = True, *, transposed: bool = False,
                  zero_other_triangle: bool = True):
         matrix = as_matrix_array(matrix, "Triangular", 2)
         if matrix.shape[0] != matrix.shape[1]:
@@ -58,7 +57,6 @@ class Triangular(LinearOperator):
         self.matrix = matrix
         self.lower = bool(lower)
         self.transposed = bool(transposed)
-        self.uid = new_key() if uid is None else uid
 
     @property
     def shape(self):
@@ -72,9 +70,6 @@ class Triangular(LinearOperator):
     def is_lower(self) -> bool:
         """Whether the operator (not the stored array) is lower triangular."""
         return self.lower != self.transposed
-
-    def signature(self):
-        return ("Triangular", self.uid, self.transposed)
 
     def _product(self, x, transposed):
         if transposed:  # contract axis 0: no transposed copy of the matrix
@@ -92,7 +87,7 @@ class Triangular(LinearOperator):
     rmm = rmv
 
     def transpose(self):
-        return Triangular(self.matrix, self.lower, transposed=not self.transposed, uid=self.uid,
+        return Triangular(self.matrix, self.lower, transposed=not self.transposed,
                           zero_other_triangle=False)
 
     def as_matrix(self):
@@ -137,11 +132,9 @@ class Cholesky(LinearOperator):
     """
 
     factor: Triangular
-    uid: int = eqx.field(static=True)
 
     def __init__(self, factor):
         self.factor = factor if isinstance(factor, Triangular) else Triangular(factor, lower=True)
-        self.uid = new_key()
 
     @classmethod
     def of(cls, A: LinearOperator) -> Cholesky:
@@ -203,15 +196,10 @@ class LU(LinearOperator):
     lu: jax.Array
     pivots: jax.Array
     transposed: bool = eqx.field(static=True)
-    uid: object = eqx.field(static=True)
 
-    def __init__(self, lu, pivots, *, transposed: bool = False, uid=None):
+    def __init__(self, lu, pivots, *, transposed: bool = False):
         self.lu, self.pivots = jnp.asarray(lu), jnp.asarray(pivots)
         self.transposed = bool(transposed)
-        self.uid = new_key() if uid is None else uid
-
-    def signature(self):
-        return ("LU", self.uid, self.transposed)
 
     @classmethod
     def of(cls, A: LinearOperator) -> LU:
@@ -255,7 +243,7 @@ class LU(LinearOperator):
     rmm = rmv
 
     def transpose(self):
-        return LU(self.lu, self.pivots, transposed=not self.transposed, uid=self.uid)
+        return LU(self.lu, self.pivots, transposed=not self.transposed)
 
     def _solve(self, b):
         x = jsl.lu_solve((self.lu, self.pivots), _columns(b), trans=1 if self.transposed else 0)

@@ -107,17 +107,13 @@ def shift(A: LinearOperator, lam, *, nonnegative: bool | None = None) -> LinearO
     if isinstance(A, Sum) and _is_shift(A.terms[-1]):  # (B + mu I) + lam I is B + (mu + lam) I: never nests
         mu = A.terms[-1]
         both = (mu.nonnegative and is_known_nonnegative(lam, nonnegative)) or None
-        uid = ("const", mu.uid[1] + float(lam)) if _is_constant(mu) and _is_constant_scalar(lam) else None
-        return Sum(A.terms[:-1] + (Scaled(mu.scalar + lam, mu.op, nonnegative=both, uid=uid),))
+        constant = mu.constant + float(lam) if mu.constant is not None and _is_constant_scalar(lam) else None
+        return Sum(A.terms[:-1] + (Scaled(mu.scalar + lam, mu.op, nonnegative=both, constant=constant),))
     return Sum((A, Scaled(lam, Identity(A.shape[0], A.dtype), nonnegative=nonnegative)))
 
 
 def _is_shift(op):
     return type(op) is Scaled and type(op.op) is Identity
-
-
-def _is_constant(op):
-    return isinstance(op.uid, tuple) and op.uid[:1] == ("const",)
 
 
 def _is_constant_scalar(x):

@@ -19,7 +19,7 @@ from linops._arrays import (  # noqa: F401  (re-exported: the helpers were defin
     default_rtol,
     is_known_nonnegative,
 )
-from linops._base import LinearOperator, describe, new_key, user_tags
+from linops._base import LinearOperator, describe, user_tags
 from linops._eigen import EigenDecomposed
 from linops._factorizations import LU, Cholesky, Triangular
 from linops.memory import check_dense
@@ -46,12 +46,10 @@ class Dense(LinearOperator):
 
     matrix: jax.Array
     declared: frozenset = eqx.field(static=True)
-    uid: int = eqx.field(static=True)
 
     def __init__(self, matrix, tags: Iterable[str] = ()):
         self.matrix = as_matrix_array(matrix, "Dense", 2)
         self.declared = user_tags(tags, self.matrix.shape)
-        self.uid = new_key()
 
     @property
     def shape(self):
@@ -164,12 +162,10 @@ class Diagonal(LinearOperator):
 
     d: jax.Array
     nonnegative: bool = eqx.field(static=True)
-    uid: int = eqx.field(static=True)
 
-    def __init__(self, d, *, nonnegative: bool | None = None, uid=None):
+    def __init__(self, d, *, nonnegative: bool | None = None):
         self.d = as_matrix_array(d, "Diagonal", 1)
         self.nonnegative = is_known_nonnegative(self.d, nonnegative)
-        self.uid = new_key() if uid is None else uid
 
     @property
     def shape(self):
@@ -360,7 +356,6 @@ class FunctionOp(LinearOperator):
     shape_: tuple = eqx.field(static=True)
     dtype_: np.dtype = eqx.field(static=True)
     declared: frozenset = eqx.field(static=True)
-    uid: int = eqx.field(static=True)
 
     def __init__(self, mv: Callable, shape, dtype, tags: Iterable[str] = (), rmv=None):
         if len(shape) != 2:
@@ -370,7 +365,6 @@ class FunctionOp(LinearOperator):
         self.shape_ = (int(shape[0]), int(shape[1]))
         self.dtype_ = np.dtype(dtype)
         self.declared = user_tags(tags, self.shape_)
-        self.uid = new_key()
 
     @property
     def shape(self):

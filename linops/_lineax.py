@@ -7,7 +7,7 @@ import jax
 import lineax as lx
 
 from linops import _tags
-from linops._base import LinearOperator, new_key, user_tags
+from linops._base import LinearOperator, user_tags
 from linops._leaves import Dense, Diagonal, Identity
 
 _TO_LINEAX = {
@@ -92,12 +92,10 @@ class LineaxOp(LinearOperator):
     arrays: object
     rest: object = eqx.field(static=True)
     declared: frozenset = eqx.field(static=True)
-    uid: int = eqx.field(static=True)
 
     def __init__(self, lineax_op: lx.AbstractLinearOperator, tags=frozenset()):
         self.arrays, self.rest = eqx.partition(lineax_op, eqx.is_array)
         self.declared = user_tags(tags, self.shape)
-        self.uid = new_key()
 
     @property
     def lineax_op(self) -> lx.AbstractLinearOperator:

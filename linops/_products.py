@@ -10,7 +10,15 @@ from collections.abc import Sequence
 import equinox as eqx
 
 from linops import _tags
-from linops._base import LinearOperator, describe, factorize_children, result_dtype, splice
+from linops._base import (
+    LinearOperator,
+    SharedArrays,
+    describe,
+    factorize_children,
+    result_dtype,
+    shares_arrays,
+    splice,
+)
 from linops._depth import composite_levels, nesting_depth
 from linops._eigen import EigenDecomposed
 from linops._solvers import solve_checked
@@ -25,6 +33,7 @@ def transpose_signature(op: LinearOperator, tags: frozenset | None = None):
     return ("Transpose", op.signature())
 
 
+@shares_arrays("factors")
 class Product(LinearOperator):
     """``A_1 A_2 ... A_k`` (built by ``A @ B``); applied right to left, factor by factor in a loop.
 
@@ -35,6 +44,7 @@ class Product(LinearOperator):
 
     factors: tuple
     _levels: int = eqx.field(static=True, repr=False)
+    _shared: SharedArrays = eqx.field(static=True, repr=False)
 
     def __init__(self, factors: Sequence[LinearOperator]):
         factors = tuple(factors)
@@ -49,6 +59,7 @@ class Product(LinearOperator):
                 )
         self._levels = composite_levels("Product", [nesting_depth(f) - (type(f) is Product) for f in factors])
         self.factors = splice(factors, Product, "factors")
+        type(self)._shared.track(self)
 
     @property
     def shape(self):
@@ -234,6 +245,7 @@ class Transpose(LinearOperator):
         return h if h is NotImplemented else h.T
 
 
+@shares_arrays("op", "factored")
 class Inverse(LinearOperator):
     r"""The lazy inverse $A^{-1}$ (built by `linops.inv`): each product is a solve.
 
@@ -250,6 +262,7 @@ class Inverse(LinearOperator):
     method: str | None = eqx.field(static=True)
     options: tuple = eqx.field(static=True)
     _levels: int = eqx.field(static=True, repr=False)
+    _shared: SharedArrays = eqx.field(static=True, repr=False)
 
     def __init__(self, op: LinearOperator, method: str | None = None, options: tuple = (), *,
                  factored: LinearOperator | None = None):
@@ -260,6 +273,7 @@ class Inverse(LinearOperator):
         self.factored = factored
         self.method = method
         self.options = tuple(options)
+        type(self)._shared.track(self)
 
     @property
     def shape(self):

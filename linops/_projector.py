@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from linops import _tags
-from linops._base import LinearOperator, describe, new_key
+from linops._base import LinearOperator, describe
 from linops._leaves import Dense
 
 
@@ -75,13 +75,11 @@ class ProjectorOp(LinearOperator):
     W: jax.Array
     rank: jax.Array
     onto: str = eqx.field(static=True)
-    uid: object = eqx.field(static=True)
 
-    def __init__(self, M, W, rank, onto: str, uid=None):
+    def __init__(self, M, W, rank, onto: str):
         if onto not in ("row_space", "null_space"):
             raise ValueError(f"ProjectorOp: onto must be 'row_space' or 'null_space', got {onto!r}")
         self.M, self.W, self.rank, self.onto = M, W, rank, onto
-        self.uid = new_key() if uid is None else uid
 
     @classmethod
     def _build(cls, M, rtol, onto):
@@ -113,7 +111,7 @@ class ProjectorOp(LinearOperator):
     def complement(self) -> ProjectorOp:
         """``I - P``, sharing the cached factor."""
         other = "null_space" if self.onto == "row_space" else "row_space"
-        return ProjectorOp(self.M, self.W, self.rank, other, uid=self.uid)
+        return ProjectorOp(self.M, self.W, self.rank, other)
 
     @property
     def shape(self):
@@ -127,9 +125,6 @@ class ProjectorOp(LinearOperator):
     @property
     def tags(self):
         return _tags.close({_tags.projector}, self.shape)
-
-    def signature(self):
-        return ("ProjectorOp", self.uid, self.onto)
 
     def _row(self, v):
         inner = self.W.T @ (self.W @ (self.M.mv(v) if v.ndim == 1 else self.M.mm(v)))

@@ -11,7 +11,7 @@ import numpy as np
 
 from linops import _tags
 from linops._arrays import as_matrix_array, cutoff_inverse, default_float, is_known_nonnegative
-from linops._base import LinearOperator, factorize_children, new_key, result_dtype
+from linops._base import LinearOperator, SharedArrays, factorize_children, result_dtype, shares_arrays
 from linops._products import inverse_of
 
 
@@ -40,7 +40,6 @@ class LowRank(LinearOperator):
     V: jax.Array | None
     orthonormal: bool = eqx.field(static=True)
     nonnegative: bool = eqx.field(static=True)
-    uid: int = eqx.field(static=True)
 
     def __init__(self, U, d, V=None, *, orthonormal: bool = False, nonnegative: bool | None = None):
         U = as_matrix_array(U, "LowRank U", 2)
@@ -54,7 +53,6 @@ class LowRank(LinearOperator):
         self.U, self.d, self.V = U, d, V
         self.orthonormal = bool(orthonormal)
         self.nonnegative = is_known_nonnegative(d, nonnegative)
-        self.uid = new_key()
 
     @property
     def Vm(self):
@@ -132,7 +130,6 @@ class Selection(LinearOperator):
     n: int = eqx.field(static=True)
     is_permutation: bool = eqx.field(static=True)
     dtype_: np.dtype = eqx.field(static=True)
-    uid: int = eqx.field(static=True)
 
     def __init__(self, indices, n: int, *, dtype=None, is_permutation: bool | None = None):
         indices = jnp.asarray(indices)
@@ -150,7 +147,6 @@ class Selection(LinearOperator):
         self.n = int(n)
         self.is_permutation = bool(is_permutation)
         self.dtype_ = np.dtype(default_float() if dtype is None else dtype)
-        self.uid = new_key()
 
     @property
     def shape(self):
@@ -182,6 +178,7 @@ def _split_points(sizes):
     return list(np.cumsum(sizes)[:-1])
 
 
+@shares_arrays("blocks")
 class BlockDiagonal(LinearOperator):
     """Block-diagonal operator ``diag(A_1, ..., A_k)`` (blocks may be rectangular).
 
@@ -193,12 +190,14 @@ class BlockDiagonal(LinearOperator):
     """
 
     blocks: tuple
+    _shared: SharedArrays = eqx.field(static=True, repr=False)
 
     def __init__(self, blocks: Sequence[LinearOperator]):
         blocks = tuple(blocks)
         if not blocks or not all(isinstance(b, LinearOperator) for b in blocks):
             raise ValueError("BlockDiagonal: expected a non-empty sequence of LinearOperators")
         self.blocks = blocks
+        type(self)._shared.track(self)
 
     @property
     def shape(self):
@@ -296,6 +295,7 @@ class BlockDiagonal(LinearOperator):
         return factorize_children(self, self.blocks)
 
 
+@shares_arrays("A", "B")
 class Kronecker(LinearOperator):
     r"""The Kronecker product $A \otimes B$ (row-major: $(A \otimes B)\,\mathrm{vec}(X) = \mathrm{vec}(A X B^\top)$).
 
@@ -308,12 +308,14 @@ class Kronecker(LinearOperator):
 
     A: LinearOperator
     B: LinearOperator
+    _shared: SharedArrays = eqx.field(static=True, repr=False)
 
     def __init__(self, A: LinearOperator, B: LinearOperator):
         for name, op in (("A", A), ("B", B)):
             if not isinstance(op, LinearOperator):
                 raise TypeError(f"Kronecker: {name} must be a LinearOperator, got {type(op).__name__}")
         self.A, self.B = A, B
+        type(self)._shared.track(self)
 
     @property
     def shape(self):

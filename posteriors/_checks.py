@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from linops.likelihoods import Likelihood
-from linops.models import ravel
 
 
 def check_likelihood(likelihood, who: str) -> None:
@@ -63,6 +62,7 @@ def check_params(params, who: str) -> None:
             raise TypeError(f"{who}: params hold {dtype} arrays; posteriors need float32 or float64 parameters "
                             "(their factorisations have no half-precision kernels): cast them first, e.g. "
                             "jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), params)")
-    flat, _ = ravel(params)
-    if not isinstance(flat, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(flat))):
+    # NumPy on the host: a check compiles no program of its own
+    if not all(isinstance(leaf, jax.core.Tracer) or np.isfinite(np.asarray(leaf)).all()
+               for leaf in jax.tree_util.tree_leaves(params)):
         raise ValueError(f"{who}: params contain non-finite values")

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 import linops as lo
-from linops.models import ravel
+from linops.models import example_spec, ravel
 
 
 @eqx.filter_jit
@@ -75,7 +75,7 @@ class GaussianPosterior(eqx.Module):
             raise ValueError(f"{type(self).__name__}: inputs must be a batch (M, ...) of examples, got "
                              f"{[jnp.shape(a) for a in leaves]}")
         try:
-            out = jax.eval_shape(self.fn, self.params, jax.tree_util.tree_map(lambda a: a[0], inputs))
+            out = jax.eval_shape(self.fn, self.params, example_spec(inputs))
         except (TypeError, ValueError) as e:
             raise ValueError(f"{type(self).__name__}: the model fails on the first input (shape "
                              f"{[jnp.shape(a)[1:] for a in leaves]}): is it shaped like the training inputs? "

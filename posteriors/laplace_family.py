@@ -20,7 +20,7 @@ import numpy as np
 
 import linops as lo
 from linops.likelihoods import Gaussian, Likelihood
-from linops.models import ravel, restrict
+from linops.models import example_spec, restrict, unravel_of
 from posteriors import _structures as S
 from posteriors._checks import check_data, check_likelihood, check_params
 from posteriors.gaussian import GaussianPosterior
@@ -107,7 +107,7 @@ class LaplacePosterior(GaussianPosterior):
     def with_prior(self, prior_precision=None, sigma=None) -> LaplacePosterior:
         """The same fit with another prior precision and/or Gaussian noise $\\sigma$ (refactorised)."""
         alpha = self.prior_precision if prior_precision is None else _canonical_prior(
-            prior_precision, self.params, self.subset, self.structure, self.ggn, "with_prior")
+            prior_precision, self.params, self.subset, self.structure, "with_prior")
         scale, lik, loss = self.noise_scale, self.likelihood, self.loss
         if sigma is not None:
             scale, lik = _noise_scale(self, sigma, "with_prior")
@@ -117,29 +117,42 @@ class LaplacePosterior(GaussianPosterior):
                            is_leaf=lambda x: x is None)
 
 
-@eqx.filter_jit
-def _factorize_compiled(ggn, alpha, scale):
-    return ggn.factorize(alpha, scale)
+def _all_finite(tree) -> jax.Array:
+    """Whether every inexact array of ``tree`` is finite, as one boolean computed where the tree is."""
+    leaves = [a for a in jax.tree_util.tree_leaves(tree) if jnp.issubdtype(jnp.result_type(a), jnp.inexact)]
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in leaves])) if leaves else jnp.asarray(True)
 
 
-def _factorize(ggn, alpha, scale, who):
-    """The structure's factorisation at ``(alpha, scale)``, refused when it is not finite.
+def _factor_and_check(ggn, alpha, scale):
+    return (factor := ggn.factorize(alpha, scale)), _all_finite(factor)
+
+
+_factor_and_check_compiled = eqx.filter_jit(_factor_and_check)
+
+
+def _check_factor(finite, alpha, scale, dtype, who) -> None:
+    """Refuse a factorisation that is not finite (``finite``: `_all_finite` of it).
 
     A Cholesky factor of a precision that is not numerically positive definite (a rank-deficient GGN with
     a prior precision near the dtype's rounding of its largest eigenvalues) is NaN; every sample,
     prediction and evidence would silently be NaN with it. A traced factor (under ``jax.jit``) cannot be
     checked here.
     """
-    factor = _factorize_compiled(ggn, alpha, scale) if ggn.compile_fit else ggn.factorize(alpha, scale)
-    leaves = [a for a in jax.tree_util.tree_leaves(factor) if isinstance(a, jax.Array)]
-    if leaves and not any(isinstance(a, jax.core.Tracer) for a in leaves):
-        if not all(bool(jnp.all(jnp.isfinite(a))) for a in leaves):
-            a = jnp.asarray(alpha)
-            prior = f"{float(a):.3g}" if a.size == 1 else f"in [{float(a.min()):.3g}, {float(a.max()):.3g}]"
-            raise ValueError(
-                f"{who}: the posterior precision (GGN / {float(scale):.3g} + prior precision {prior}) is not "
-                f"numerically positive definite in {leaves[0].dtype}: its Cholesky factor is not finite. Use a "
-                "larger prior precision (at least about eps x the GGN's largest eigenvalue), or float64 parameters")
+    if isinstance(finite, jax.core.Tracer) or bool(finite):
+        return
+    a = np.asarray(alpha)
+    prior = f"{float(a):.3g}" if a.size == 1 else f"in [{float(a.min()):.3g}, {float(a.max()):.3g}]"
+    raise ValueError(
+        f"{who}: the posterior precision (GGN / {float(scale):.3g} + prior precision {prior}) is not "
+        f"numerically positive definite in {dtype}: its Cholesky factor is not finite. Use a "
+        "larger prior precision (at least about eps x the GGN's largest eigenvalue), or float64 parameters")
+
+
+def _factorize(ggn, alpha, scale, who):
+    """The structure's factorisation at ``(alpha, scale)`` (one compiled program for the built-in structures),
+    refused when it is not finite (`_check_factor`)."""
+    factor, finite = (_factor_and_check_compiled if ggn.compile_fit else _factor_and_check)(ggn, alpha, scale)
+    _check_factor(finite, alpha, scale, jnp.result_type(alpha), who)
     return factor
 
 
@@ -164,14 +177,21 @@ def _noise_scale(post, sigma, who):
     return sigma**2 / sigma0_sq, Gaussian(sigma)
 
 
-def _canonical_prior(prior, params, subset, structure, ggn, who):
-    """A scalar, or one precision per parameter (of the subset), as an array."""
-    flat, _ = ravel(params)
-    P = flat.shape[0]
+def _canonical_prior(prior, params, subset, structure, who):
+    """A scalar, or one precision per parameter (of the subset), as an array.
+
+    Concrete priors are read and checked with NumPy on the host and moved to the device once: a check
+    compiles no program of its own. A traced prior (tuning under ``jax.grad``) is kept traced, unchecked.
+    """
+    unravel = unravel_of(params)
+    P, dtype = unravel.size, unravel.dtype
+    traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(prior))
+    xp = jnp if traced else np
+    subset = None if subset is None else (subset if traced else np.asarray(subset))
     if isinstance(prior, (int, float, np.number)) or (hasattr(prior, "ndim") and jnp.ndim(prior) == 0):
-        alpha = jnp.asarray(prior, flat.dtype)
+        alpha = xp.asarray(prior, dtype)
     elif isinstance(prior, (jax.Array, np.ndarray)) and jnp.ndim(prior) == 1:
-        alpha = jnp.asarray(prior, flat.dtype)
+        alpha = xp.asarray(prior, dtype)
         if alpha.shape[0] != P:
             raise ValueError(f"{who}: a prior precision per parameter needs shape ({P},), got {alpha.shape}")
         if subset is not None:
@@ -182,22 +202,24 @@ def _canonical_prior(prior, params, subset, structure, ggn, who):
             given = jax.tree_util.tree_leaves(prior)
             if len(given) != len(leaves):
                 raise ValueError
-            alpha = jnp.concatenate([jnp.broadcast_to(jnp.asarray(g, flat.dtype), jnp.shape(leaf)).reshape(-1)
-                                     for g, leaf in zip(given, leaves, strict=True)])
+            alpha = xp.concatenate([xp.broadcast_to(xp.asarray(g, dtype), jnp.shape(leaf)).reshape(-1)
+                                    for g, leaf in zip(given, leaves, strict=True)])
         except (ValueError, TypeError):
             raise ValueError(f"{who}: prior_precision must be a positive scalar, an array of shape ({P},), or a "
                              "pytree shaped like params (one scalar or array per leaf)") from None
         if subset is not None:
             alpha = alpha[subset]
-    if not isinstance(alpha, jax.core.Tracer) and not bool(jnp.all(alpha > 0)):
-        raise ValueError(f"{who}: prior_precision must be positive, got min {float(jnp.min(alpha))}")
-    if structure == "kfac" and alpha.ndim == 1 and not isinstance(alpha, jax.core.Tracer):
-        starts = np.concatenate([[0], np.cumsum(ggn.sizes)])
+    if traced:
+        return alpha
+    if not np.all(alpha > 0):
+        raise ValueError(f"{who}: prior_precision must be positive, got min {float(np.min(alpha))}")
+    if structure == "kfac" and alpha.ndim == 1:
+        starts = np.concatenate([[0], np.cumsum([np.size(leaf) for leaf in jax.tree_util.tree_leaves(params)])])
         for a, b in zip(starts[:-1], starts[1:], strict=True):
-            if not bool(jnp.all(alpha[a:b] == alpha[a])):
+            if not np.all(alpha[a:b] == alpha[a]):
                 raise ValueError(f"{who}: a KFAC posterior takes one prior precision per leaf (per layer), but "
                                  f"parameters {a}..{b - 1} of one leaf have different ones")
-    return alpha
+    return jax.device_put(alpha)  # a transfer (jnp.asarray of a NumPy array compiles a program)
 
 
 def last_layer_leaves(params, last_layer=None, *, fn=None, x=None) -> list[int]:
@@ -251,7 +273,7 @@ def _submodel(fn, params, chosen):
             full[i] = leaf
         return fn(jax.tree_util.tree_unflatten(treedef, full), x)
 
-    return fn_L, tuple(leaves[i] for i in chosen), jnp.asarray(idx)
+    return fn_L, tuple(leaves[i] for i in chosen), jax.device_put(idx)
 
 
 def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: str = "full", prior_precision=1.0,
@@ -321,16 +343,16 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
     subset = chosen = None
     fit_fn, fit_params = fn, params
     if structure == "last_layer":
-        chosen = tuple(last_layer_leaves(params, last_layer, fn=fn, x=jax.tree_util.tree_map(lambda a: a[0], X)))
+        chosen = tuple(last_layer_leaves(params, last_layer, fn=fn, x=example_spec(X)))
         fit_fn, fit_params, subset = _submodel(fn, params, chosen)
     lo.GGNOp(fit_fn, fit_params, X, Y, likelihood, batch_size=batch_size, mesh=mesh)  # checks the data, eagerly
+    alpha = _canonical_prior(prior_precision, params, subset, structure, who)
     cls = S.REGISTRY["full" if structure == "last_layer" else structure]
     label = f"{who}(structure={structure!r})" if progress else None
     options = _FitOptions(batch_size, mesh, rank, num_steps, kfac_fallback, who, kfac_approximation, label)
-    fit = _fit_compiled if cls.compile_fit else _fit_structure
-    ggn = fit(cls, fn, params, X, Y, likelihood, chosen, key, options)
-    alpha = _canonical_prior(prior_precision, params, subset, structure, ggn, who)
-    return make_posterior(fn, params, X, Y, likelihood, structure, ggn, alpha, subset, chosen)
+    fit = _fit_compiled if cls.compile_fit else _fit
+    ggn, terms = fit(cls, fn, params, X, Y, likelihood, chosen, key, options, alpha)
+    return make_posterior(fn, params, X, Y, likelihood, structure, ggn, alpha, subset, chosen, terms)
 
 
 class _FitOptions(NamedTuple):
@@ -359,12 +381,28 @@ def _fit_structure(cls, fn, params, X, Y, likelihood, chosen, key, o):
                                 o.num_steps, key, o.kfac_fallback, o.who, o.kfac_approximation, o.progress))
 
 
-# `_fit_structure` as one program, compiled once per structure, model function, shapes and options (the arrays are
-# its arguments): a second fit of the same kind, on new weights or data, compiles nothing.
-_fit_compiled = eqx.filter_jit(_fit_structure)
+def _fit(cls, fn, params, X, Y, likelihood, chosen, key, o, alpha):
+    """The whole fit: the structure's GGN, then `_posterior_terms` at the prior ``alpha``."""
+    ggn = _fit_structure(cls, fn, params, X, Y, likelihood, chosen, key, o)
+    return ggn, _posterior_terms(fn, params, X, Y, likelihood, ggn, alpha)
 
 
-@eqx.filter_jit
+# `_fit` as one program, compiled once per structure, model function, shapes and options (the arrays are its
+# arguments): every batch, the curvature, the evidence's data terms and the factorisation; a second fit of the
+# same kind, on new weights or data, compiles nothing.
+_fit_compiled = eqx.filter_jit(_fit)
+
+
+def _posterior_terms(fn, params, X, Y, likelihood, ggn, alpha):
+    """``(loss, residual sums of squares, factorisation at alpha and noise scale 1, whether it is finite)``."""
+    loss, rss = _data_terms(fn, params, X, Y, likelihood)
+    factor, finite = _factor_and_check(ggn, alpha, jnp.ones((), jnp.result_type(alpha)))
+    return loss, rss, factor, finite
+
+
+_posterior_terms_compiled = eqx.filter_jit(_posterior_terms)
+
+
 def _data_terms(fn, params, X, Y, likelihood):
     """The evidence's data terms: the summed loss, and (Gaussian likelihood) the residual sums of squares."""
     out = jax.vmap(fn, in_axes=(None, 0))(params, X)
@@ -373,17 +411,21 @@ def _data_terms(fn, params, X, Y, likelihood):
     return loss, (jnp.sum((Y - out) ** 2, axis=0) if isinstance(likelihood, Gaussian) else None)
 
 
-def make_posterior(fn, params, X, Y, likelihood, structure, ggn, alpha, subset, subset_leaves) -> LaplacePosterior:
-    """A `LaplacePosterior` from a fitted GGN: the data terms of the evidence, and the factorisation."""
-    flat, unravel = ravel(params)
-    loss, rss = _data_terms(fn, params, X, Y, likelihood)
-    scale = jnp.ones((), flat.dtype)
-    return LaplacePosterior(fn=fn, params=params, unravel=unravel, structure=structure, likelihood=likelihood,
-                            ggn=ggn, prior_precision=alpha, noise_scale=scale, subset=subset,
-                            subset_leaves=subset_leaves, loss=loss, residual_ss=rss,
-                            num_examples=int(jax.tree_util.tree_leaves(X)[0].shape[0]),
-                            factor=_factorize(ggn, alpha, scale, "subnetwork_laplace" if structure == "subnetwork"
-                                              else f"laplace(structure={structure!r})"))
+def make_posterior(fn, params, X, Y, likelihood, structure, ggn, alpha, subset, subset_leaves,
+                   terms=None) -> LaplacePosterior:
+    """A `LaplacePosterior` from a fitted GGN and its `_posterior_terms` (computed here, as one program for the
+    built-in structures, when not given)."""
+    if terms is None:
+        terms = (_posterior_terms_compiled if ggn.compile_fit else _posterior_terms)(fn, params, X, Y, likelihood,
+                                                                                    ggn, alpha)
+    loss, rss, factor, finite = terms
+    scale = np.ones((), jnp.result_type(alpha))
+    _check_factor(finite, alpha, scale, jnp.result_type(alpha),
+                  "subnetwork_laplace" if structure == "subnetwork" else f"laplace(structure={structure!r})")
+    return LaplacePosterior(fn=fn, params=params, unravel=unravel_of(params), structure=structure,
+                            likelihood=likelihood, ggn=ggn, prior_precision=alpha, noise_scale=jax.device_put(scale),
+                            subset=subset, subset_leaves=subset_leaves, loss=loss, residual_ss=rss,
+                            num_examples=int(jax.tree_util.tree_leaves(X)[0].shape[0]), factor=factor)
 
 
 __all__ = ["LaplacePosterior", "STRUCTURES", "laplace", "last_layer_leaves"]

@@ -58,7 +58,7 @@ def marginal_log_likelihood(post: LaplacePosterior, prior_precision=None, sigma=
     who = "marginal_log_likelihood"
     _check(post, who)
     alpha = post.prior_precision if prior_precision is None else _canonical_prior(
-        prior_precision, post.params, post.subset, post.structure, post.ggn, who)
+        prior_precision, post.params, post.subset, post.structure, who)
     scale, loss = post.noise_scale, post.loss
     if sigma is not None:
         scale, lik = _noise_scale(post, sigma, who)

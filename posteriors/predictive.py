@@ -28,7 +28,7 @@ import numpy as np
 from linops._batching import batched_map
 from linops.likelihoods import Bernoulli, Categorical, Gaussian
 from linops.memory import check_fits
-from linops.models import ravel
+from linops.models import ravel, unravel_of
 from posteriors._layer_predictive import diag_variances, kfac_variances
 from posteriors.ensemble import DeepEnsemble
 from posteriors.gaussian import GaussianPosterior, LowRankPosterior
@@ -91,7 +91,7 @@ def _row_values(post, inputs, b, k, output_covariance, progress=None):
     rows, mapped with `jax.lax.map` (one compiled body; never more rows at once)."""
     fn, params, cov = _parts(post)
     num_outputs = jax.eval_shape(fn, params, inputs[0]).shape[0]
-    P = ravel(params)[0].shape[0]
+    P = unravel_of(params).size
     blocks = -(-num_outputs // k)
     outs = jnp.where(jnp.arange(blocks * k) < num_outputs, jnp.arange(blocks * k), -1).reshape(blocks, k)
 
@@ -191,6 +191,21 @@ def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False
         Array([[1.]], dtype=float32)
     """
     _no_linearisation(post, "linearized")
+    return _program(post, _linearized)(post, inputs, full_covariance, output_covariance, batch_size, key, num_samples,
+                                       exact, progress)
+
+
+def _program(post, body):
+    """``body`` compiled as one program (cached per posterior structure, model, shapes and options: a second
+    call on new values of the same shapes compiles nothing), where the posterior allows: a Laplace-family
+    posterior of a built-in structure. A subnetwork's indices must stay concrete, a custom structure may
+    need concrete values, and the other posteriors run eagerly (their own programs are compiled)."""
+    if isinstance(post, LaplacePosterior) and post.ggn.compile_fit and not _restricted_by_index(post):
+        return _COMPILED[body]
+    return body
+
+
+def _linearized(post, inputs, full_covariance, output_covariance, batch_size, key, num_samples, exact, progress):
     mean = post.map_outputs(inputs)
     if isinstance(post, LowRankPosterior):
         if full_covariance:
@@ -202,11 +217,11 @@ def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False
     if isinstance(post, ProjectedPosterior) and not exact:
         return mean, _sampled(post, inputs, key, num_samples, full_covariance, output_covariance)
     fn, params, cov = _parts(post)
-    P = ravel(params)[0].shape[0]
+    P = unravel_of(params).size
     M, num_outputs = mean.shape
     # A subnetwork's rows come from reverse passes through the whole model: each row is a full-length
     # gradient before its subset is taken, so its chunks are planned with the model's P, not the subset's.
-    planned = ravel(post.params)[0].shape[0] if _restricted_by_index(post) else P
+    planned = unravel_of(post.params).size if _restricted_by_index(post) else P
     if full_covariance:
         rows = M * num_outputs
         check_fits((rows * P + rows**2) * np.dtype(mean.dtype).itemsize,
@@ -343,13 +358,18 @@ def classification(post: GaussianPosterior, inputs, *, link: str = "probit", key
         if logits.shape[-1] == 1:
             return jnp.mean(jax.nn.sigmoid(logits), axis=0)
         return jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0)
-    sampled = {"key": key, "num_samples": num_samples} if isinstance(post, ProjectedPosterior) else {}
+    _no_linearisation(post, "classification")
+    return _program(post, _classification)(post, inputs, link, key, num_samples, progress)
+
+
+def _classification(post, inputs, link, key, num_samples, progress):
+    sampled = (key, num_samples) if isinstance(post, ProjectedPosterior) else (None, None)
     if link == "bridge":
-        mean, cov = linearized(post, inputs, output_covariance=True, progress=progress, **sampled)
+        mean, cov = _linearized(post, inputs, False, True, None, *sampled, False, progress)
         if mean.shape[-1] == 1:
             raise ValueError("classification(link='bridge'): the Laplace bridge needs K >= 2 logits")
         return laplace_bridge(mean, cov)
-    mean, var = linearized(post, inputs, progress=progress, **sampled)
+    mean, var = _linearized(post, inputs, False, False, None, *sampled, False, progress)
     return probit(mean, var, multiclass=mean.shape[-1] > 1)
 
 
@@ -374,8 +394,18 @@ def regression(post: GaussianPosterior, inputs, *, sigma=None, progress: bool = 
         sigma = lik.sigma
     if isinstance(post, DeepEnsemble):
         return post.regression(inputs, sigma)
-    mean, var = linearized(post, inputs, progress=progress)
+    _no_linearisation(post, "regression")
+    if not isinstance(sigma, jax.Array):  # an array is data, not part of the compiled program's key
+        sigma = jax.device_put(np.asarray(sigma, unravel_of(post.params).dtype))
+    return _program(post, _regression)(post, inputs, sigma, progress)
+
+
+def _regression(post, inputs, sigma, progress):
+    mean, var = _linearized(post, inputs, False, False, None, None, None, False, progress)
     return mean, var + jnp.asarray(sigma) ** 2
+
+
+_COMPILED = {body: eqx.filter_jit(body) for body in (_linearized, _classification, _regression)}
 
 
 def nll(post: GaussianPosterior, inputs, targets, *, link: str = "probit", key: jax.Array | None = None,

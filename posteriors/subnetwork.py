@@ -151,7 +151,7 @@ def diagonal_laplace(fn, params, data, likelihood: Likelihood, size: int, *, pri
     X, Y = data
     label = "subnetwork.diagonal_laplace" if progress else None
     g = lo.diag(lo.GGNOp(fn, params, X, Y, likelihood, batch_size=batch_size, progress=label))
-    alpha = _canonical_prior(prior_precision, params, None, "diag", None, "subnetwork.diagonal_laplace")
+    alpha = _canonical_prior(prior_precision, params, None, "diag", "subnetwork.diagonal_laplace")
     return largest_variance(params, 1.0 / (g + alpha), size, key=key, strategy="diagonal_laplace")
 
 
@@ -335,7 +335,7 @@ def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Sub
         G = _restricted_ggn(fn, params, X, Y, likelihood, _IndexSet(subnetwork.indices), batch_size, mesh, label)
         indices = jnp.asarray(np.asarray(subnetwork.indices))
     ggn = S.FullGGN(G)
-    alpha = _canonical_prior(prior_precision, params, indices, "subnetwork", ggn, who)
+    alpha = _canonical_prior(prior_precision, params, indices, "subnetwork", who)
     if rescale_prior:
         alpha = alpha * (s / P)
     return make_posterior(fn, params, X, Y, likelihood, "subnetwork", ggn, alpha, indices, None)

@@ -9,7 +9,7 @@ import numpy as np
 from jax import lax
 
 from linops import _tags
-from linops._base import LinearOperator, new_key
+from linops._base import LinearOperator
 from linops._batching import check_mesh, leaf_specs
 from linops.kernels._base import Kernel, _check_inputs
 from linops.memory import check_fits
@@ -59,7 +59,6 @@ class KernelGramOp(LinearOperator):
     block_size: int = eqx.field(static=True)
     mesh: object = eqx.field(static=True)
     axis: str = eqx.field(static=True)
-    uid: int = eqx.field(static=True)
 
     def __init__(self, kernel: Kernel, X, X2=None, *, block_size: int | None = None, mesh=None, axis: str = "data"):
         if not isinstance(kernel, Kernel):
@@ -80,7 +79,6 @@ class KernelGramOp(LinearOperator):
         self.kernel, self.X, self.X2 = kernel, X, X2
         self.block_size = int(min(block_size, X.shape[0]))
         self.mesh, self.axis = check_mesh(mesh, axis, "KernelGramOp")
-        self.uid = new_key()
 
     @property
     def shape(self):

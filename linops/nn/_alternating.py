@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from linops import _progress, _tags
-from linops._base import LinearOperator, describe, new_key
+from linops._base import LinearOperator, describe
 from linops._cg import cg
 from linops.nn import _sweeps
 from linops.nn._rowblocks import RowBlocks
@@ -122,7 +122,6 @@ class AlternatingProjectionOp(LinearOperator):
     rtol: float = eqx.field(static=True)
     progress: bool = eqx.field(static=True)
     split_sweeps: bool = eqx.field(static=True)
-    uid: int = eqx.field(static=True)
 
     def __init__(self, blocks: RowBlocks, *, method="cg", max_sweeps=500, rtol=None, progress=False,
                  split_sweeps=False):
@@ -132,7 +131,6 @@ class AlternatingProjectionOp(LinearOperator):
         default = float(jnp.finfo(blocks.dtype).eps ** (2 / 3)) if method == "cg" else 0.0
         self.rtol = default if rtol is None else float(rtol)
         self.progress, self.split_sweeps = bool(progress), bool(split_sweeps)
-        self.uid = new_key()
 
     @classmethod
     def _from_rows(cls, rows, *, method="cg", max_sweeps=500, rtol=None, cutoff=None, store_linearization=None,

@@ -17,14 +17,14 @@ import numpy as np
 from jax import lax
 
 from linops import _tags
-from linops._base import LinearOperator, new_key
+from linops._base import LinearOperator
 from linops._batching import check_mesh as _check_mesh
 from linops._batching import num_examples, sharded_map, sharded_sum
 from linops._progress import check_label
 from linops.nn._layer_dense import dense_chunk, dense_only, layer_dense_ggn
 from linops.nn._layer_diag import layer_diag, layer_plan
 from linops.nn.likelihoods import Likelihood
-from linops.nn.models import ravel
+from linops.nn.models import example_spec, ravel, unravel_of
 
 
 def _flat(tree):
@@ -41,7 +41,7 @@ def _check_model(fn, params, inputs, who):
         raise ValueError(f"{who}: inputs must have a leading example axis: {e}") from None
     if n == 0:
         raise ValueError(f"{who}: inputs has no examples")
-    first = jax.tree_util.tree_map(lambda a: a[0], inputs)
+    first = example_spec(inputs)
     try:
         out = jax.eval_shape(fn, params, first)
     except Exception as e:  # noqa: BLE001 - any failure here means params/inputs do not fit fn
@@ -95,7 +95,6 @@ class _ModelOperator(LinearOperator):
     num_outputs: int = eqx.field(static=True)
     num_params: int = eqx.field(static=True)
     dtype_: np.dtype = eqx.field(static=True)
-    uid: int = eqx.field(static=True)
     mesh: object = eqx.field(static=True)
     axis: str = eqx.field(static=True)
     progress: str | None = eqx.field(static=True)
@@ -106,13 +105,12 @@ class _ModelOperator(LinearOperator):
         self.progress = progress
         self.mesh, self.axis = _check_mesh(mesh, axis, who)
         n, o = _check_model(fn, params, inputs, who)
-        flat, unravel = ravel(params)
+        unravel = unravel_of(params)
         self.fn, self.params, self.inputs = fn, params, inputs
         self.batch_size = n if batch_size is None else int(batch_size)
         self.unravel = unravel
-        self.num_examples, self.num_outputs, self.num_params = n, o, flat.shape[0]
-        self.dtype_ = np.dtype(flat.dtype)
-        self.uid = new_key()
+        self.num_examples, self.num_outputs, self.num_params = n, o, unravel.size
+        self.dtype_ = np.dtype(unravel.dtype)
 
     @property
     def dtype(self):

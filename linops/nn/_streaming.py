@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from linops import _progress, _tags
-from linops._base import LinearOperator, new_key
+from linops._base import LinearOperator
 from linops.nn._operators import _check_likelihood, _check_model, ggn_batch_product
 from linops.nn.likelihoods import Likelihood
 from linops.nn.models import ravel
@@ -70,7 +70,6 @@ class StreamingGGNOp(LinearOperator):
     num_batches: int = eqx.field(static=True)
     num_params: int = eqx.field(static=True)
     dtype_: np.dtype = eqx.field(static=True)
-    uid: int = eqx.field(static=True)
 
     def __init__(self, fn, params, batches: Iterable | Callable, likelihood: Likelihood, *, progress: bool = False):
         who = "StreamingGGNOp"
@@ -103,7 +102,6 @@ class StreamingGGNOp(LinearOperator):
         self.batches, self.progress, self.unravel = _Opaque(batches), bool(progress), unravel
         self.num_examples, self.num_batches, self.num_params = n, count, flat.shape[0]
         self.dtype_ = np.dtype(flat.dtype)
-        self.uid = new_key()
 
     @property
     def shape(self):

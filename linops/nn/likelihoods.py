@@ -170,8 +170,12 @@ class Categorical(Likelihood):
                 f"got {t.dtype}{tuple(t.shape)}"
             )
         if not isinstance(t, jax.core.Tracer) and t.size:
-            with jax.ensure_compile_time_eval():  # concrete labels closed over under jit stay concrete; a global
-                lo_, hi = int(t.min()), int(t.max())  # array over several processes is reduced, not fetched
+            if getattr(t, "is_fully_addressable", True):  # read on the host: a check compiles no program
+                host = np.asarray(t)
+                lo_, hi = int(host.min()), int(host.max())
+            else:
+                with jax.ensure_compile_time_eval():  # a global array over several processes is reduced, not fetched
+                    lo_, hi = int(t.min()), int(t.max())
             if lo_ < 0 or hi >= num_outputs:
                 raise ValueError(f"{who}: labels must lie in [0, {num_outputs}) for {num_outputs} outputs, "
                                  f"got range [{lo_}, {hi}]")

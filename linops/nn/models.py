@@ -46,6 +46,16 @@ class Unravel:
         self.treedef, self.shapes, self.dtypes = treedef, tuple(shapes), tuple(dtypes)
         self._key = (treedef, self.shapes, self.dtypes)
 
+    @property
+    def size(self) -> int:
+        """The length of the flat vector."""
+        return sum(math.prod(s) for s in self.shapes)
+
+    @property
+    def dtype(self):
+        """The flat vector's dtype (the leaves' common one)."""
+        return jnp.result_type(*self.dtypes) if self.dtypes else jnp.dtype(jnp.float32)
+
     def __call__(self, flat):
         flat = jnp.asarray(flat)
         sizes = [math.prod(s) for s in self.shapes]
@@ -76,8 +86,36 @@ def ravel(params):
         ((6,), (2, 2))
     """
     flat, _ = ravel_pytree(params)
+    return flat, unravel_of(params)
+
+
+def unravel_of(params) -> Unravel:
+    """The `Unravel` of ``params`` (its ``size`` and ``dtype`` are the flat vector's), computing nothing: no
+    flat vector is formed, so no program runs or compiles (`ravel` concatenates the leaves).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from linops.models import unravel_of
+        >>> u = unravel_of({"w": jnp.ones((2, 2)), "b": jnp.zeros(2)})
+        >>> u.size, u.dtype
+        (6, dtype('float32'))
+    """
     leaves, treedef = jax.tree_util.tree_flatten(params)
-    return flat, Unravel(treedef, [jnp.shape(a) for a in leaves], [jnp.result_type(a) for a in leaves])
+    return Unravel(treedef, [jnp.shape(a) for a in leaves], [jnp.result_type(a) for a in leaves])
+
+
+def example_spec(data):
+    """One example of ``data`` (a pytree of arrays with a leading example axis) as `jax.ShapeDtypeStruct`
+    leaves: what `jax.eval_shape` and tracing need to know of an example, without slicing one (indexing a
+    concrete array runs, and so compiles, a program of its own).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from linops.models import example_spec
+        >>> example_spec(jnp.zeros((100, 28, 28)))
+        ShapeDtypeStruct(shape=(28, 28), dtype=float32)
+    """
+    return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a)[1:], jnp.result_type(a)), data)
 
 
 def from_equinox(module) -> tuple[Callable, object]:
@@ -198,5 +236,5 @@ def restrict(fn: Callable, params, indices) -> tuple[Callable, jax.Array]:
     return fn_S, flat[idx]
 
 
-__all__ = ["Unravel", "canonical_convolutions", "check_indices", "from_equinox", "from_flax_nnx", "per_example",
-           "ravel", "restrict"]
+__all__ = ["Unravel", "canonical_convolutions", "check_indices", "example_spec", "from_equinox", "from_flax_nnx", "per_example",
+           "ravel", "restrict", "unravel_of"]

@@ -108,7 +108,7 @@ def test_10000_scalings_fold_into_one_scalar():
     for op in (s, t):
         assert isinstance(op, lo.Scaled) and op.op is A and lo.nesting_depth(op) == 2
         assert_close(op.as_matrix(), 1.0001**N * np.array([[1.0, 2.0], [3.0, 4.0]]), rtol=1e-9)
-    assert s.uid == ("const", pytest.approx(1.0001**N))
+    assert s.constant == pytest.approx(1.0001**N)
     G = lo.Dense(jnp.eye(2), tags={"psd"})
     negated_twice = -1.0 * (-1.0 * G)  # (-1)(-1) folds to 1: a PSD operator again
     assert "psd" in negated_twice.tags and negated_twice.op is G
