@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import linops as lo
 from linops._batching import batched_map
@@ -179,8 +180,6 @@ def deep_ensemble(fn, init: Callable, data, likelihood: Likelihood, *, key: jax.
         >>> ens.num_members, jnp.round(ens.members[:, 0], 2)               # each member finds the slope 2
         (3, Array([2., 2., 2.], dtype=float32))
     """
-    import optax
-
     who = "deep_ensemble"
     check_likelihood(likelihood, who)
     check_data(data, who)
@@ -197,16 +196,33 @@ def deep_ensemble(fn, init: Callable, data, likelihood: Likelihood, *, key: jax.
     _, unravel = ravel(params0)
     starts = jnp.stack([ravel(params0)[0]] + [ravel(init(jax.random.fold_in(k_init, m)))[0]
                                              for m in range(1, num_members)])
+    in_turn = _members_in_turn(minibatch_loss(fn, unravel, data, likelihood, prior_precision, starts.dtype),
+                               starts[0], batch_size)
+    keys = jax.vmap(lambda k: jax.random.split(k, num_members))(jax.random.split(k_data, num_steps))
+    # numbers as arrays: data of the compiled program, not part of its key (a new rate or prior compiles nothing)
+    rate, alpha = (jax.device_put(np.asarray(v, starts.dtype)) for v in (learning_rate, prior_precision))
+    members = _train_members(fn, unravel, data, likelihood, alpha, rate, starts, keys, batch_size=batch_size,
+                             in_turn=in_turn, label=who if progress else None)
+    return DeepEnsemble(fn, members, unravel, likelihood)
+
+
+@eqx.filter_jit
+def _train_members(fn, unravel, data, likelihood, prior_precision, learning_rate, starts, keys, *, batch_size, in_turn,
+                   label):
+    """`deep_ensemble`'s training as one program (cached per model, shapes and options; the data are its
+    arguments): Adam on each member's minibatches, vectorised over the members or ``in_turn``."""
+    import optax
+
+    n = jax.tree_util.tree_leaves(data[0])[0].shape[0]
+    num_steps, num_members = keys.shape[:2]
     loss = minibatch_loss(fn, unravel, data, likelihood, prior_precision, starts.dtype)
     opt = optax.adam(learning_rate)
-    label = who if progress else None
 
     def member_step(theta, state, k):
         idx = jax.random.choice(k, n, (batch_size,), replace=False) if batch_size < n else jnp.arange(n)
         updates, state = opt.update(jax.grad(loss)(theta, idx), state, theta)
         return optax.apply_updates(theta, updates), state
 
-    in_turn = _members_in_turn(loss, starts[0], batch_size)
     total = num_steps * (num_members if in_turn else 1)
 
     def train(thetas, keys, offset):  # num_steps steps of the members in thetas (or of one member), keys (steps, ...)
@@ -221,16 +237,10 @@ def deep_ensemble(fn, init: Callable, data, likelihood: Likelihood, *, key: jax.
         init_state = (jax.vmap(opt.init) if thetas.ndim == 2 else opt.init)(thetas)
         return jax.lax.scan(canonical_convolutions(step), (thetas, init_state, jnp.asarray(0)), keys)[0][0]
 
-    @jax.jit
-    def run(thetas, keys):
-        if not in_turn:
-            return train(thetas, keys, 0)
-        return jax.lax.map(lambda a: train(a[0], a[1], a[2] * num_steps),
-                           (thetas, jnp.swapaxes(keys, 0, 1), jnp.arange(num_members)))
-
-    keys = jax.vmap(lambda k: jax.random.split(k, num_members))(jax.random.split(k_data, num_steps))
-    members = run(starts, keys)
-    return DeepEnsemble(fn, members, unravel, likelihood)
+    if not in_turn:
+        return train(starts, keys, 0)
+    return jax.lax.map(lambda a: train(a[0], a[1], a[2] * num_steps),
+                       (starts, jnp.swapaxes(keys, 0, 1), jnp.arange(num_members)))
 
 
 def _members_in_turn(loss, theta, batch_size) -> bool:

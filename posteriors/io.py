@@ -42,8 +42,6 @@ _TRAILER_BYTES = 72  # b"sha256:" + 64 hex digits + b"\n"
 _MAX_HEADER_BYTES = 1 << 26
 _CHUNK_BYTES = 1 << 20
 _PYTHON_NUMBERS = (bool, int, float, complex)
-# Identity keys (`linops.new_key`): a posterior and its template differ there by design.
-_IDENTITY_FIELDS = ("uid",)
 _NOT_STORED = object()
 
 
@@ -103,8 +101,7 @@ def _static_fields(obj, prefix: str, out: dict) -> dict:
         for field in dataclasses.fields(obj):
             name, value = f"{prefix}.{field.name}", getattr(obj, field.name, None)
             if field.metadata.get("static", False):
-                if field.name not in _IDENTITY_FIELDS:
-                    out[name] = _plain(value)
+                out[name] = _plain(value)
             else:
                 _static_fields(value, name, out)
         return out

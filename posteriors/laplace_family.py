@@ -108,13 +108,26 @@ class LaplacePosterior(GaussianPosterior):
         """The same fit with another prior precision and/or Gaussian noise $\\sigma$ (refactorised)."""
         alpha = self.prior_precision if prior_precision is None else _canonical_prior(
             prior_precision, self.params, self.subset, self.structure, "with_prior")
-        scale, lik, loss = self.noise_scale, self.likelihood, self.loss
         if sigma is not None:
-            scale, lik = _noise_scale(self, sigma, "with_prior")
-            loss = gaussian_loss(self.residual_ss, self.num_examples, lik.sigma)
-        return eqx.tree_at(lambda p: (p.prior_precision, p.noise_scale, p.likelihood, p.loss, p.factor), self,
-                           (alpha, scale, lik, loss, _factorize(self.ggn, alpha, scale, "with_prior")),
-                           is_leaf=lambda x: x is None)
+            sigma = _check_sigma(self, sigma, "with_prior")
+        reprior = _reprior_compiled if self.ggn.compile_fit else _reprior
+        new, finite = reprior(self, alpha, sigma)
+        _check_factor(finite, alpha, new.noise_scale, jnp.result_type(alpha), "with_prior")
+        return new
+
+
+def _reprior(post, alpha, sigma):
+    """``post`` at the prior ``alpha`` and (unless None) the noise ``sigma``, and whether its factor is finite."""
+    scale, lik, loss = post.noise_scale, post.likelihood, post.loss
+    if sigma is not None:
+        scale, lik = _noise_scale(post, sigma)
+        loss = gaussian_loss(post.residual_ss, post.num_examples, lik.sigma)
+    factor, finite = _factor_and_check(post.ggn, alpha, scale)
+    return eqx.tree_at(lambda p: (p.prior_precision, p.noise_scale, p.likelihood, p.loss, p.factor), post,
+                       (alpha, scale, lik, loss, factor), is_leaf=lambda x: x is None), finite
+
+
+_reprior_compiled = eqx.filter_jit(_reprior)
 
 
 def _all_finite(tree) -> jax.Array:
@@ -125,9 +138,6 @@ def _all_finite(tree) -> jax.Array:
 
 def _factor_and_check(ggn, alpha, scale):
     return (factor := ggn.factorize(alpha, scale)), _all_finite(factor)
-
-
-_factor_and_check_compiled = eqx.filter_jit(_factor_and_check)
 
 
 def _check_factor(finite, alpha, scale, dtype, who) -> None:
@@ -148,14 +158,6 @@ def _check_factor(finite, alpha, scale, dtype, who) -> None:
         "larger prior precision (at least about eps x the GGN's largest eigenvalue), or float64 parameters")
 
 
-def _factorize(ggn, alpha, scale, who):
-    """The structure's factorisation at ``(alpha, scale)`` (one compiled program for the built-in structures),
-    refused when it is not finite (`_check_factor`)."""
-    factor, finite = (_factor_and_check_compiled if ggn.compile_fit else _factor_and_check)(ggn, alpha, scale)
-    _check_factor(finite, alpha, scale, jnp.result_type(alpha), who)
-    return factor
-
-
 def gaussian_loss(residual_ss, num_examples, sigma):
     r"""$\sum_n -\log \mathcal N(y_n \mid f_n, \sigma^2 I)$ from the residual sums of squares per output."""
     num_outputs = residual_ss.shape[0]
@@ -163,17 +165,25 @@ def gaussian_loss(residual_ss, num_examples, sigma):
                                                                               0.5 * jnp.log(2 * jnp.pi))
 
 
-def _noise_scale(post, sigma, who):
+def _check_sigma(post, sigma, who):
+    """``sigma`` as a scalar array of the parameters' dtype, refused unless the likelihood is Gaussian with one
+    scalar sigma."""
     lik = post.likelihood
     if not isinstance(lik, Gaussian) or lik.heteroscedastic or jnp.ndim(lik.sigma) != 0:
         raise ValueError(f"{who}: sigma can be changed for a Gaussian likelihood with one scalar sigma only, "
                          f"got {type(lik).__name__}" + (f" with sigma of shape {jnp.shape(lik.sigma)}"
                                                        if isinstance(lik, Gaussian) else ""))
-    sigma = jnp.asarray(sigma, post.mean.dtype)
     if jnp.ndim(sigma) != 0:
         raise ValueError(f"{who}: sigma must be a scalar, got shape {jnp.shape(sigma)}")
+    if isinstance(sigma, jax.Array):
+        return sigma.astype(unravel_of(post.params).dtype)
+    return jax.device_put(np.asarray(sigma, unravel_of(post.params).dtype))
+
+
+def _noise_scale(post, sigma):
+    """``(s, Gaussian(sigma))``: the GGN's scale at the noise ``sigma`` (checked by `_check_sigma`)."""
     # the GGN stored was computed with the noise of the fit, sigma_0 = lik.sigma / sqrt(noise_scale)
-    sigma0_sq = lik.sigma**2 / post.noise_scale
+    sigma0_sq = post.likelihood.sigma**2 / post.noise_scale
     return sigma**2 / sigma0_sq, Gaussian(sigma)
 
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import warnings
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from linops._progress import new_bar, tick
-from posteriors.laplace_family import LaplacePosterior, _canonical_prior, _noise_scale, gaussian_loss
+from linops.models import unravel_of
+from posteriors.laplace_family import LaplacePosterior, _canonical_prior, _check_sigma, _noise_scale, gaussian_loss
 
 
 def _check(post, who):
@@ -59,9 +61,16 @@ def marginal_log_likelihood(post: LaplacePosterior, prior_precision=None, sigma=
     _check(post, who)
     alpha = post.prior_precision if prior_precision is None else _canonical_prior(
         prior_precision, post.params, post.subset, post.structure, who)
+    if sigma is not None:
+        sigma = _check_sigma(post, sigma, who)
+    return _marginal_log_likelihood(post, alpha, sigma)
+
+
+@eqx.filter_jit
+def _marginal_log_likelihood(post, alpha, sigma):
     scale, loss = post.noise_scale, post.loss
     if sigma is not None:
-        scale, lik = _noise_scale(post, sigma, who)
+        scale, lik = _noise_scale(post, sigma)
         loss = gaussian_loss(post.residual_ss, post.num_examples, lik.sigma)
     return _evidence(post, alpha, scale, loss, post.ggn.logdet)
 
@@ -121,15 +130,27 @@ def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik",
         return _gridsearch(post, validation, grid, link, who, label)
     if method != "marglik":
         raise ValueError(f"{who}: method must be 'marglik' or 'gridsearch', got {method!r}")
-    import optax
-
     if prior_structure not in ("scalar", "layerwise", "diag"):
         raise ValueError(f"{who}: prior_structure must be 'scalar', 'layerwise' or 'diag', got {prior_structure!r}")
     if post.structure == "kfac" and prior_structure == "diag":
         raise ValueError(f"{who}: a KFAC posterior takes one prior precision per leaf: use 'scalar' or 'layerwise'")
     if tune_sigma:
-        _noise_scale(post, 1.0, who)  # refuses a non-Gaussian or per-output sigma with a clear error
-    sizes = _leaf_starts(post)
+        _check_sigma(post, 1.0, who)  # refuses a non-Gaussian or per-output sigma with a clear error
+    rate = jax.device_put(np.asarray(learning_rate, unravel_of(post.params).dtype))  # data, not a program key
+    alpha, sigma, trace = _tune(post, rate, num_steps=num_steps, prior_structure=prior_structure,
+                                       tune_sigma=tune_sigma, sizes=tuple(_leaf_starts(post)), label=label)
+    tuned = _with_subset_prior(post, alpha, sigma)
+    report = {"prior_precision": alpha, "sigma": sigma if tune_sigma else getattr(post.likelihood, "sigma", None),
+              "log_marginal_likelihood": trace}
+    return tuned, report
+
+
+@eqx.filter_jit
+def _tune(post, learning_rate, *, num_steps, prior_structure, tune_sigma, sizes, label):
+    """Adam on the log evidence as one program (cached per posterior structure, shapes and options): the tuned
+    ``(alpha, sigma or None, log evidence per step and at the end)``."""
+    import optax
+
     P = sum(sizes)
     alpha0 = jnp.broadcast_to(post.prior_precision, (P,))
     if prior_structure == "scalar":
@@ -143,8 +164,7 @@ def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik",
         log_a = jnp.log(alpha0)
         expand = jnp.exp
     logdet = post.ggn.logdet_fn(prior_structure == "scalar")
-    sigma0 = getattr(post.likelihood, "sigma", None)
-    theta = {"log_alpha": log_a, "log_sigma": jnp.log(sigma0) if tune_sigma else None}
+    theta = {"log_alpha": log_a, "log_sigma": jnp.log(post.likelihood.sigma) if tune_sigma else None}
 
     def objective(theta):
         scale, loss = post.noise_scale, post.loss
@@ -156,32 +176,22 @@ def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik",
 
     opt = optax.adam(learning_rate)
 
-    @jax.jit
-    def run(theta):
-        def step(carry, i):
-            th, state = carry
-            value, grads = jax.value_and_grad(objective)(th)
-            updates, state = opt.update(grads, state, th)
-            tick(label, i + 1, num_steps, unit="step", note=(lambda v: f"log evidence {float(v):.6g}", (-value,)))
-            return (optax.apply_updates(th, updates), state), -value
+    def step(carry, i):
+        th, state = carry
+        value, grads = jax.value_and_grad(objective)(th)
+        updates, state = opt.update(grads, state, th)
+        tick(label, i + 1, num_steps, unit="step", note=(lambda v: f"log evidence {float(v):.6g}", (-value,)))
+        return (optax.apply_updates(th, updates), state), -value
 
-        (th, _), trace = jax.lax.scan(step, (theta, opt.init(theta)), jnp.arange(num_steps))
-        return th, trace, -objective(th)
-
-    theta, trace, final = run(theta)
-    alpha = expand(theta["log_alpha"])
+    (th, _), trace = jax.lax.scan(step, (theta, opt.init(theta)), jnp.arange(num_steps))
+    alpha = expand(th["log_alpha"])
     alpha = alpha if prior_structure != "scalar" else alpha.reshape(())
-    sigma = jnp.exp(theta["log_sigma"]) if tune_sigma else None
-    tuned = _with_subset_prior(post, alpha, sigma)
-    report = {"prior_precision": alpha, "sigma": sigma if tune_sigma else sigma0,
-              "log_marginal_likelihood": jnp.concatenate([trace, final[None]])}
-    return tuned, report
+    sigma = jnp.exp(th["log_sigma"]) if tune_sigma else None
+    return alpha, sigma, jnp.concatenate([trace, -objective(th)[None]])
 
 
 def _with_subset_prior(post, alpha, sigma):
     """``post.with_prior`` for a precision already in the posterior's own (subset) space."""
-    import equinox as eqx
-
     base = eqx.tree_at(lambda p: p.prior_precision, post, alpha)
     return base.with_prior(None, sigma) if sigma is not None else base.with_prior(None)
 

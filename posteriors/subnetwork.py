@@ -333,11 +333,11 @@ def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Sub
         fn_S, theta_S = restrict(fn, params, np.asarray(subnetwork.indices))
         lo.GGNOp(fn_S, theta_S, X, Y, likelihood, batch_size=batch_size, mesh=mesh)  # checks the data, eagerly
         G = _restricted_ggn(fn, params, X, Y, likelihood, _IndexSet(subnetwork.indices), batch_size, mesh, label)
-        indices = jnp.asarray(np.asarray(subnetwork.indices))
+        indices = jax.device_put(np.asarray(subnetwork.indices))  # a transfer: jnp.asarray would compile
     ggn = S.FullGGN(G)
     alpha = _canonical_prior(prior_precision, params, indices, "subnetwork", who)
-    if rescale_prior:
-        alpha = alpha * (s / P)
+    if rescale_prior:  # on the host when concrete: an eager product would compile a program of its own
+        alpha = alpha * (s / P) if isinstance(alpha, jax.core.Tracer) else jax.device_put(np.asarray(alpha) * (s / P))
     return make_posterior(fn, params, X, Y, likelihood, "subnetwork", ggn, alpha, indices, None)
 
 

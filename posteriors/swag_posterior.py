@@ -36,6 +36,7 @@ from collections.abc import Callable
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import linops as lo
 from linops._progress import tick
@@ -56,42 +57,47 @@ def _sgd_moments(fn, params, data, likelihood: Likelihood, *, key: jax.Array, nu
     collected iterates from the running mean after each update (in ring-buffer order: the order does not
     change $D D^\top$), and the number collected. Used by `swag` and `posteriors.subnetwork.swag`.
     """
+    flat, unravel = ravel(params)
+    dtype = flat.dtype
+    # numbers as arrays: data of the compiled program, not part of its key (a new rate or prior compiles nothing)
+    rate, alpha = (jax.device_put(np.asarray(v, dtype)) for v in (learning_rate, prior_precision))
+    return _sgd_run(fn, unravel, data, likelihood, alpha, rate, flat, key, num_steps=num_steps,
+                    collect_every=collect_every, batch_size=int(batch_size), momentum=momentum, rank=rank, label=label)
+
+
+@eqx.filter_jit
+def _sgd_run(fn, unravel, data, likelihood, prior_precision, learning_rate, theta, key, *, num_steps, collect_every,
+             batch_size, momentum, rank, label):
+    """`_sgd_moments`' loop as one program (cached per model, shapes and options; the data are its arguments)."""
     import optax
 
-    flat, unravel = ravel(params)
     n = jax.tree_util.tree_leaves(data[0])[0].shape[0]
-    batch_size = min(int(batch_size), n)
-    loss = minibatch_loss(fn, unravel, data, likelihood, prior_precision, flat.dtype)
-
+    loss = minibatch_loss(fn, unravel, data, likelihood, prior_precision, theta.dtype)
     opt = optax.sgd(learning_rate, momentum=momentum or None)
 
-    @jax.jit
-    def run(theta, key):
-        def step(carry, k):
-            th, state, mean, m2, dev, count, t = carry
-            idx = jax.random.choice(k, n, (batch_size,), replace=False) if batch_size < n else jnp.arange(n)
-            updates, state = opt.update(jax.grad(loss)(th, idx), state, th)
-            th = optax.apply_updates(th, updates)
-            take = (t + 1) % collect_every == 0
-            new_count = count + take
-            delta = th - mean
-            new_mean = mean + delta / jnp.maximum(new_count, 1)
-            m2 = jnp.where(take, m2 + delta * (th - new_mean), m2)
-            if rank:
-                column = jnp.where(take, th - new_mean, dev[:, count % rank])
-                dev = dev.at[:, count % rank].set(column)
-            mean = jnp.where(take, new_mean, mean)
-            tick(label, t + 1, num_steps, unit="step")
-            return (th, state, mean, m2, dev, new_count, t + 1), None
+    def step(carry, k):
+        th, state, mean, m2, dev, count, t = carry
+        idx = jax.random.choice(k, n, (batch_size,), replace=False) if batch_size < n else jnp.arange(n)
+        updates, state = opt.update(jax.grad(loss)(th, idx), state, th)
+        th = optax.apply_updates(th, updates)
+        take = (t + 1) % collect_every == 0
+        new_count = count + take
+        delta = th - mean
+        new_mean = mean + delta / jnp.maximum(new_count, 1)
+        m2 = jnp.where(take, m2 + delta * (th - new_mean), m2)
+        if rank:
+            column = jnp.where(take, th - new_mean, dev[:, count % rank])
+            dev = dev.at[:, count % rank].set(column)
+        mean = jnp.where(take, new_mean, mean)
+        tick(label, t + 1, num_steps, unit="step")
+        return (th, state, mean, m2, dev, new_count, t + 1), None
 
-        zeros = jnp.zeros_like(theta)
-        init = (theta, opt.init(theta), zeros, zeros, jnp.zeros((theta.shape[0], rank), theta.dtype), jnp.asarray(0),
-                jnp.asarray(0))
-        (_, _, mean, m2, dev, count, _), _ = jax.lax.scan(canonical_convolutions(step), init,
-                                                          jax.random.split(key, num_steps))
-        return mean, m2 / jnp.maximum(count, 1), dev, count
-
-    return run(flat, key)
+    zeros = jnp.zeros_like(theta)
+    init = (theta, opt.init(theta), zeros, zeros, jnp.zeros((theta.shape[0], rank), theta.dtype), jnp.asarray(0),
+            jnp.asarray(0))
+    (_, _, mean, m2, dev, count, _), _ = jax.lax.scan(canonical_convolutions(step), init,
+                                                      jax.random.split(key, num_steps))
+    return mean, m2 / jnp.maximum(count, 1), dev, count
 
 
 class SWAGPosterior(GaussianPosterior):

@@ -225,7 +225,11 @@ def restrict(fn: Callable, params, indices) -> tuple[Callable, jax.Array]:
     starts = np.concatenate([[0], np.cumsum(sizes)])
     leaf_of = np.searchsorted(starts, idx, side="right") - 1
     touched = {int(i): (idx[leaf_of == i] - starts[i], np.nonzero(leaf_of == i)[0]) for i in np.unique(leaf_of)}
-    flat, _ = ravel(params)
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+        values = ravel(params)[0][idx]
+    else:  # gathered on the host and moved once: eager indexing would compile programs of its own
+        host = [np.asarray(leaves[i]).reshape(-1)[local] for i, (local, _) in touched.items()]  # idx is sorted
+        values = jax.device_put(np.concatenate(host).astype(unravel_of(params).dtype))
 
     def fn_S(v, x):
         full = list(leaves)
@@ -233,8 +237,8 @@ def restrict(fn: Callable, params, indices) -> tuple[Callable, jax.Array]:
             full[i] = leaves[i].reshape(-1).at[local].set(v[pos].astype(leaves[i].dtype)).reshape(leaves[i].shape)
         return fn(jax.tree_util.tree_unflatten(treedef, full), x)
 
-    return fn_S, flat[idx]
+    return fn_S, values
 
 
-__all__ = ["Unravel", "canonical_convolutions", "check_indices", "example_spec", "from_equinox", "from_flax_nnx", "per_example",
-           "ravel", "restrict", "unravel_of"]
+__all__ = ["Unravel", "canonical_convolutions", "check_indices", "example_spec", "from_equinox", "from_flax_nnx",
+           "per_example", "ravel", "restrict", "unravel_of"]

@@ -16,6 +16,8 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -240,6 +242,41 @@ def assert_operator_matches(A: LinearOperator, dense, *, seed: int = 0, rtol=Non
     assert_tags_hold(A, seed=seed, rtol=rtol)
 
 
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+@contextlib.contextmanager
+def count_compilations():
+    """Count the XLA compilations inside a ``with`` block (`jax.monitoring`'s backend-compile events).
+
+    Yields a list that holds each compilation's duration in seconds once the block ends: check that a
+    second call of your function on new values of the same shapes compiles nothing, or that freshly
+    built operators of one structure reuse one program. Run what warms up before the block; a program
+    read back from a persistent compilation cache is not a compilation.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, linops as lo
+        >>> from linops.testing import count_compilations
+        >>> apply = jax.jit(lambda op, v: op @ v)
+        >>> _ = apply(lo.Dense(jnp.eye(3)), jnp.ones(3))          # compiles once
+        >>> with count_compilations() as compiled:
+        ...     _ = apply(lo.Dense(2.0 * jnp.eye(3)), jnp.ones(3))   # a fresh operator, the same structure
+        >>> len(compiled)
+        0
+    """
+    events: list[float] = []
+
+    def listen(name, duration, **kwargs):
+        if name == _COMPILE_EVENT:
+            events.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+
+
 __all__ = [
     "DENSE_MAX",
     "assert_adjoint",
@@ -249,4 +286,5 @@ __all__ = [
     "assert_psd",
     "assert_symmetric",
     "assert_tags_hold",
+    "count_compilations",
 ]

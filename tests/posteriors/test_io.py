@@ -281,7 +281,7 @@ def test_projected_and_fsp_posteriors_load_into_free_templates(tmp_path):
     post = pst.projected_posterior(fn, params, X[:4], batch_size=2, prior_precision=2.0)
     pst.save(post, tmp_path / "projected.eqx")
     like = eqx.filter_eval_shape(pst.projected_posterior, fn, params, X[:4], batch_size=2, prior_precision=2.0)
-    back = pst.load(tmp_path / "projected.eqx", like)  # the operator's identity key (uid) differs by design
+    back = pst.load(tmp_path / "projected.eqx", like)
     for x, y in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(post), strict=True):
         np.testing.assert_array_equal(x, y)
     np.testing.assert_array_equal(back.covariance.as_matrix(), post.covariance.as_matrix())
