@@ -234,9 +234,9 @@ def markdown(report) -> str:
               *H.table(("case", "first call s", "XLA compiles"),
                        [(k, H.s(c["first_call_s"]), c["n_xla_compiles"])
                         for k, c in r["rebuilt_operator_first_call"].items()]),
-              "A freshly built `GGNOp` has a fresh `uid` (static pytree data), so `jax.jit` and `lo.lower` "
-              "compile it again; replacing its params with `eqx.tree_at` keeps the structure and reuses the "
-              "program.",
+              "Operators are keyed by structure (no identity in their static data): a freshly built `GGNOp` "
+              "of the same function and shapes reuses the programs compiled for the first, as replacing its "
+              "params with `eqx.tree_at` does.",
               *H.section("Memory (XLA memory analysis of each compiled program, MB = 10^6 bytes)")]
     rows = []
     for m in r["methods"]:

@@ -49,7 +49,7 @@ def make_arrays(n: int, m: int, k: int | None, seed: int = 0):
 
 
 def build_expression(name: str, a) -> lo.LinearOperator:
-    """A fresh operator tree over the arrays ``a`` (new leaves, hence new leaf keys)."""
+    """A fresh operator tree over the arrays ``a`` (new leaves of the same structure)."""
     X, K, D = lo.Dense(a["X"]), lo.Dense(a["K"]), lo.Diagonal(a["d"])
     if name == "chain":  # a product of 5 operators plus a scaled identity
         return lo.shift(X.T @ K.T @ D @ K @ X, a["lam"], nonnegative=True)

@@ -112,10 +112,8 @@ def _cached_programs(treedef, static):
 
 
 def _programs(treedef, static):
-    """One pair of compiled programs per expression structure (lowering twice reuses them).
-
-    Bounded: a fresh operator has fresh leaf keys, hence a new structure (see `lower`).
-    """
+    """One pair of compiled programs per expression structure (lowering twice, or lowering a freshly built
+    operator of the same structure, reuses them). Bounded: a process meets only so many structures."""
     try:
         return _cached_programs(treedef, static)
     except TypeError:  # an unhashable static part: no sharing
@@ -125,10 +123,9 @@ def _programs(treedef, static):
 def lower(expr: LinearOperator) -> Lowered:
     """Simplify ``expr`` and compile its products (once per input shape).
 
-    The program is shared by every operator of the same structure: replacing arrays (for
-    example with `equinox.tree_at`) reuses it. A freshly constructed leaf has a fresh
-    stable key, which is part of the structure, so rebuilding an operator every step
-    compiles again: build operators once, or inside the jitted function that uses them.
+    The program is shared by every operator of the same structure, shapes and dtypes: a freshly
+    built operator (a new one every step, say) reuses it, since no operator's identity is part of its
+    static structure (`LinearOperator.signature`).
 
     Examples:
         >>> import jax.numpy as jnp, linops as lo

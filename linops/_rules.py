@@ -50,8 +50,8 @@ def simplify(op: LinearOperator, rules: list[Rule] | None = None) -> LinearOpera
     """Rewrite ``op`` with the registered rules until none applies.
 
     Sound (the result is the same linear map), idempotent, and it never adds matrix
-    products. Leaves are matched by their stable keys, so rules also fire on expressions
-    that went through `jax.jit`.
+    products. Leaves are matched by their signatures (structure and arrays), and a composite records
+    which of its leaves share arrays, so rules also fire on expressions that went through `jax.jit`.
 
     Examples:
         >>> import jax.numpy as jnp, linops as lo

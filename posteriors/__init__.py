@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 # documentation read.
 if TYPE_CHECKING:
     from posteriors import context, data, metrics, predictive, subnetwork
+    from posteriors.compilation import use_compilation_cache
     from posteriors.ensemble import DeepEnsemble, deep_ensemble
     from posteriors.fsp import FSPInfo, FSPLaplacePosterior, GPPrior, fsp_laplace, fsp_objective, rkhs_norm
     from posteriors.gaussian import GaussianPosterior, LowRankPosterior
@@ -46,6 +47,7 @@ _HOMES = {
     "posteriors.subnetwork": ("Subnetwork", "subnetwork_laplace"),
     "posteriors.swag_posterior": ("SWAGPosterior", "swag"),
     "posteriors.ensemble": ("DeepEnsemble", "deep_ensemble"),
+    "posteriors.compilation": ("use_compilation_cache",),
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 
@@ -76,4 +78,5 @@ __all__ = [
     "FSPInfo", "FSPLaplacePosterior", "fsp_laplace", "fsp_objective", "GaussianPosterior", "GPPrior",
     "LowRankPosterior", "loss_projected_posterior", "optimal_prior_precision", "ProjectedPosterior",
     "projected_posterior", "rkhs_norm", "SWAGPosterior", "swag", "DeepEnsemble", "deep_ensemble",
+    "use_compilation_cache",
 ]

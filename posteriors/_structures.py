@@ -67,8 +67,8 @@ class StructuredGGN(eqx.Module):
     with `register`. Everything else follows from the algebra: the covariance is `linops.inv` of the precision,
     samples are `linops.root` of the covariance applied to standard normals, the evidence's
     log-determinant is `linops.logdet` of the precision. A structure (and a posterior) keeps
-    arrays, not operators: operators are built where they are used, so two posteriors of one
-    shape share their compiled programs (an operator's leaf keys are static pytree data).
+    arrays, not operators: operators are built where they are used (operators of one structure are
+    one static key, so two posteriors of one shape share their compiled programs either way).
     """
 
     compile_fit: ClassVar[bool] = False

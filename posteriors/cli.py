@@ -22,6 +22,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from posteriors.compilation import DEFAULT_CACHE, use_compilation_cache
 from posteriors.experiments.methods import CLASSIFICATION_METHODS, DEFAULT_METHODS, METHODS, PROJECTED_METHODS
 
 COMMANDS = {
@@ -175,34 +176,6 @@ def _parts(text):
     return parts
 
 
-DEFAULT_CACHE = Path.home() / ".cache" / "linops" / "jax"
-
-
-def use_compilation_cache(directory) -> Path | None:
-    """Switch on JAX's persistent compilation cache in ``directory`` (``None`` or ``"none"``: leave it off).
-
-    The command line calls it once, before any work: a second run of the same experiment reads its compiled
-    programs back instead of compiling them again. The library itself never sets it (no global configuration
-    at import); call this, or ``jax.config.update("jax_compilation_cache_dir", ...)``, in your own scripts.
-    Programs that compiled in under 0.1 s are not written. Returns the directory used, or None.
-
-    Examples:
-        >>> import tempfile
-        >>> from posteriors.cli import use_compilation_cache
-        >>> use_compilation_cache("none") is None
-        True
-    """
-    if directory is None or str(directory).lower() == "none":
-        return None
-    import jax
-
-    path = Path(directory).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
-    return path
-
-
 def main(argv=None) -> int:
     """Run ``python -m posteriors`` with ``argv`` (default: the process's arguments); returns the exit code.
 
@@ -289,4 +262,4 @@ def _subnetwork_text(summary) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["COMMANDS", "build_parser", "main", "use_compilation_cache"]
+__all__ = ["COMMANDS", "build_parser", "main"]

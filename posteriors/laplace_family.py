@@ -195,7 +195,7 @@ def _canonical_prior(prior, params, subset, structure, who):
     """
     unravel = unravel_of(params)
     P, dtype = unravel.size, unravel.dtype
-    traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(prior))
+    traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((prior, subset)))
     xp = jnp if traced else np
     subset = None if subset is None else (subset if traced else np.asarray(subset))
     if isinstance(prior, (int, float, np.number)) or (hasattr(prior, "ndim") and jnp.ndim(prior) == 0):

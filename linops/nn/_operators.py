@@ -234,10 +234,9 @@ class GGNOp(_LikelihoodOperator):
     ``lo.diag(G, method="hutchinson", key=...)`` estimates it. ``G.as_matrix()`` costs
     ``P`` products and is only ever an explicit request.
 
-    Like every data-holding operator it carries a fresh stable key, part of its static
-    structure: a jitted function compiles again for each newly built `GGNOp`. In a loop,
-    build it once and swap arrays with ``eqx.tree_at(lambda g: g.params, G, new_params)``
-    (no recompilation), or build it inside the jitted function.
+    Its static structure is the model function, the shapes and the options, never its identity: a
+    `GGNOp` built anew on new parameters or data of the same shapes (a refit) reuses every program
+    compiled for the last one, as long as ``fn`` is the same function object.
 
     Args:
         fn: per-example model ``fn(params, x) -> (O,)``.

@@ -258,9 +258,10 @@ def count_compilations():
         >>> import jax, jax.numpy as jnp, linops as lo
         >>> from linops.testing import count_compilations
         >>> apply = jax.jit(lambda op, v: op @ v)
-        >>> _ = apply(lo.Dense(jnp.eye(3)), jnp.ones(3))          # compiles once
+        >>> v, M = jnp.ones(3), jnp.arange(9.0).reshape(3, 3)
+        >>> _ = apply(lo.Dense(jnp.eye(3)), v)          # compiles once
         >>> with count_compilations() as compiled:
-        ...     _ = apply(lo.Dense(2.0 * jnp.eye(3)), jnp.ones(3))   # a fresh operator, the same structure
+        ...     _ = apply(lo.Dense(M), v)               # a fresh operator of the same structure
         >>> len(compiled)
         0
     """

@@ -153,8 +153,8 @@ def test_the_compilation_cache_is_opt_in_and_written_where_asked(tmp_path):
     code = (
         "import sys, jax, jax.numpy as jnp, posteriors, linops\n"
         "assert not jax.config.jax_compilation_cache_dir, 'set at import'\n"
-        "from posteriors.cli import use_compilation_cache\n"
-        "use_compilation_cache(sys.argv[1])\n"
+        "import posteriors as pst\n"
+        "pst.use_compilation_cache(sys.argv[1])\n"
         "def long(a):\n"
         "    for i in range(120):\n"
         "        a = jnp.sin(a) @ a.T + i\n"

@@ -1,8 +1,7 @@
 """Compile once per structure and shape: a second fit and predictive of the same kind, on new weights and data of
 the same shapes, compile nothing (XLA's compile events counted through `jax.monitoring`), and their values are
-those of the new arrays. The per-layer predictives (diagonal, KFAC) equal the Jacobian-row computation."""
-
-import contextlib
+those of the new arrays; a first fit and predictive on a small CNN compile one program each. The per-layer
+predictives (diagonal, KFAC) equal the Jacobian-row computation."""
 
 import equinox as eqx
 import jax
@@ -13,26 +12,11 @@ import pytest
 import posteriors as pst
 from linops.likelihoods import Categorical
 from linops.models import from_equinox
+from linops.testing import count_compilations as compiles
 from posteriors.predictive import _row_values
 
 from ..linops._util import assert_close
 from ..linops.test_layer_diag import CASES
-
-
-@contextlib.contextmanager
-def compiles():
-    """The XLA compilations inside the block, as a list filled when it ends."""
-    events = []
-
-    def listen(name, duration, **kwargs):
-        if name == "/jax/core/compile/backend_compile_duration":
-            events.append(duration)
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
-        yield events
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
 
 
 def _mlp_problem(seed):
@@ -103,3 +87,49 @@ def test_fit_gp_fsp_laplace_and_subnetwork_laplace_compile_once():
     first, second, events = _second_call_compiles(
         lambda i: pst.subnetwork_laplace(fn, scaled(i), (X, jnp.sin(X)), Gaussian(0.1), sub).factor)
     assert events == [] and not np.allclose(first, second)
+
+
+class _CNN(eqx.Module):
+    """Two 3x3 convolutions, a max-pool and two dense layers: the CNN the compile goals are stated on."""
+
+    c1: eqx.nn.Conv2d
+    c2: eqx.nn.Conv2d
+    l1: eqx.nn.Linear
+    l2: eqx.nn.Linear
+
+    def __init__(self, key):
+        k = jax.random.split(key, 4)
+        self.c1, self.c2 = eqx.nn.Conv2d(1, 4, 3, key=k[0]), eqx.nn.Conv2d(4, 4, 3, key=k[1])
+        self.l1, self.l2 = eqx.nn.Linear(16, 16, key=k[2]), eqx.nn.Linear(16, 5, key=k[3])
+
+    def __call__(self, x):
+        x = jax.nn.relu(self.c2(jax.nn.relu(self.c1(x))))
+        return self.l2(jax.nn.relu(self.l1(eqx.nn.MaxPool2d(2, 2)(x).reshape(-1))))
+
+
+@pytest.mark.parametrize("structure", ["diag", "kfac", "last_layer"])
+def test_a_first_cnn_fit_and_predictive_compile_one_program_each_and_a_refit_none(structure):
+    """256 images in batches of 64: the first `laplace` and `classification(link="probit")` compile at most 10 programs
+    (the goal; measured: one each, as one compiled program per public call makes them); the same call again and a
+    refit on new weights and new images compile none, and give the new arrays' values."""
+    fn, params = from_equinox(_CNN(jax.random.key(0)))
+    params2 = jax.tree_util.tree_map(lambda a: 1.1 * a, params)
+    X = [jax.random.uniform(jax.random.key(1 + i), (256, 1, 8, 8)) for i in (0, 1)]
+    y = [jax.random.randint(jax.random.key(3 + i), (256,), 0, 5) for i in (0, 1)]
+    jax.block_until_ready((params2, X, y))
+
+    def run(p, i):
+        post = pst.laplace(fn, p, (X[i], y[i]), Categorical(), structure=structure, batch_size=64, progress=False)
+        return post, jax.block_until_ready(pst.predictive.classification(post, X[i], link="probit", progress=False))
+
+    with compiles() as first:
+        post, probs = run(params, 0)
+    with compiles() as again:
+        run(params, 0)
+    with compiles() as refit:
+        post2, probs2 = run(params2, 1)
+    assert len(first) <= 10 and len(first) == 2, f"{len(first)} compilations on the first fit and predictive"
+    assert again == [] and refit == [], f"{len(again)} and {len(refit)} compilations on the second calls"
+    assert not np.allclose(np.asarray(probs), np.asarray(probs2))
+    _, var = pst.predictive.linearized(post2, X[1][:8])
+    assert_close(var, _row_values(post2, X[1][:8], 8, 5, False), rtol=1e-4)
