@@ -190,8 +190,9 @@ def fit_flops(fn, params, X, y, structure, cfg):
     from linops.likelihoods import Categorical
 
     def fit(p, X, y):
-        return pst.laplace(fn, p, (X, y), Categorical(), structure=structure, prior_precision=1.0,
-                           batch_size=cfg["batch"], progress=False).factor
+        post = pst.laplace(fn, p, (X, y), Categorical(), structure=structure, prior_precision=1.0,
+                           batch_size=cfg["batch"], progress=False)
+        return post.ggn, post.factor, post.loss  # what the fit computes (nothing left for XLA to drop)
 
     try:
         cost = jax.jit(fit).lower(params, X, y).compile().cost_analysis()

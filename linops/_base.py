@@ -262,9 +262,9 @@ class LinearOperator(eqx.Module):
         operators built on the same arrays are the same map; a freshly built one is another
         map, yet of the same structure, so it reuses every compiled program of its kind (its
         identity is not part of the pytree's static data). Inside `jax.jit` the traced arrays
-        identify the leaves: an operator used twice in a traced function is recognised, and
-        one passed in twice (as two arguments, or twice within one argument) is taken as two
-        operators, which costs a simplification, never a wrong result.
+        identify the leaves: an operator used twice within one argument is recognised (the
+        composite records which leaves share arrays, `SharedArrays`), and one passed in as two
+        arguments is taken as two operators, which costs a simplification, never a wrong result.
 
         Examples:
             >>> import jax.numpy as jnp, linops as lo
