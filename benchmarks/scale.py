@@ -254,6 +254,9 @@ class ProgressLog:
     def flush(self):
         self.stream.flush()
 
+    def isatty(self):
+        return self.stream.isatty()
+
 
 def _child(job, task, path):
     rec = Recorder(path)

@@ -32,7 +32,8 @@ def new_bar(desc: str, total: int | None, unit: str = "it"):
     """A tqdm bar on stderr with this module's delay and redraw interval."""
     from tqdm.auto import tqdm
 
-    interval = 0.1 if sys.stderr.isatty() else LOG_INTERVAL
+    isatty = getattr(sys.stderr, "isatty", None)  # a stand-in stream (a logger, a recorder) may lack it
+    interval = 0.1 if isatty is not None and isatty() else LOG_INTERVAL
     return tqdm(desc=desc, total=total, unit=unit, delay=DELAY, mininterval=interval, maxinterval=max(interval, 10),
                 file=sys.stderr, dynamic_ncols=True, leave=True)
 
