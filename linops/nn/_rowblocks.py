@@ -32,6 +32,7 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -100,8 +101,7 @@ class RowBlocks(eqx.Module):
         batches = jax.tree_util.tree_leaves(data)[0].shape[0] // devices  # per device
 
         def linearize(data_b):
-            zeros = rows.to_tree(jnp.zeros(rows.size, rows.dtype))
-            return _linearize(lambda t: rows.forward(rows.params, data_b, t), rows.params, data_b, zeros)
+            return _linearize_batch(rows.forward, rows.to_tree, rows.size, rows.dtype, rows.params, data_b)
 
         traced = {}
 
@@ -118,40 +118,16 @@ class RowBlocks(eqx.Module):
         store = _plan_memory(rows, batches, store_linearization, per_batch_bytes, mesh is not None,
                              rows_cheaper=not by_products)
 
-        def gram(data_b):
-            # The Gram M_b M_b^T from the rows (per-example reverse passes): either forward-mode products of M_b
-            # with them (R tangent passes over the batch) or their inner products (2 R^2 P flops), whichever
-            # XLA's cost analysis counts fewer flops for: an MLP's tangent pass is cheap (products: 2.2x faster
-            # at P = 118k), a convolution's is not (inner products: 2.2x faster on LeNet-5).
-            rows_b = rows.rows(rows.params, data_b)
-            if store == _ROWS:  # the rows are kept: their inner products are the Gram
-                leaves = tuple(jax.tree_util.tree_leaves(rows_b))
-                return sum(a.reshape(a.shape[0], -1) @ a.reshape(a.shape[0], -1).T for a in leaves), leaves
-            keep = store == "linearization"
-            if by_products or keep:
-                stored, recipe = linearize(data_b)
-            if by_products:
-                gram_b = jax.vmap(_rebuild(recipe, rows.params, data_b, stored))(rows_b)
-            else:
-                flat = [a.reshape(a.shape[0], -1) for a in jax.tree_util.tree_leaves(rows_b)]
-                gram_b = sum(a @ a.T for a in flat)
-            return gram_b, (tuple(stored) if keep else ())
-
-        def factors(data):
-            grams, stored = lax.map(canonical_convolutions(gram), data)
-            # A separate loop: an eigendecomposition inside the loop above slows its products ~1.7x on CPU.
-            shape = (rows.num_rows, rows.size)
-            return (lax.map(lambda g: gram_factor(g, shape, cutoff)[0], grams), stored,
-                    jax.vmap(jnp.trace)(grams))
-
-        if mesh is None:
-            W, stored, traces = factors(data)
+        plan = _FactorPlan(rows.rows, rows.forward, rows.to_tree, int(rows.size), np.dtype(rows.dtype),
+                           int(rows.num_rows), store, bool(by_products), cutoff)
+        if mesh is None:  # one program per plan (structural) and shapes: a refit compiles nothing
+            W, stored, traces = _factor_batches_jit(rows.params, data, plan)
         else:  # each device factors its own batches, and keeps them
             from jax.sharding import NamedSharding, PartitionSpec
 
             split = PartitionSpec(axis)
-            sharded = jax.shard_map(factors, mesh=mesh, in_specs=(leaf_specs(data, split),), out_specs=split,
-                                    check_vma=False)(data)
+            sharded = jax.shard_map(lambda d: _factor_batches(rows.params, d, plan), mesh=mesh,
+                                    in_specs=(leaf_specs(data, split),), out_specs=split, check_vma=False)(data)
             W, stored, traces = jax.device_put(sharded, NamedSharding(mesh, split))
             data = jax.device_put(data, NamedSharding(mesh, split))
         # the linearisation's recipe traced above (outside any mesh), or the rows' marker
@@ -209,6 +185,57 @@ class RowBlocks(eqx.Module):
         t = self.to_tree(v)
         norms = canonical_convolutions(lambda b: jnp.sum(self.linear(b[0], b[2])(t) ** 2))
         return jnp.sqrt(lax.map(norms, self.batches()).sum())
+
+
+class _FactorPlan(NamedTuple):
+    """The static part of factoring the batches (hashable, compared by value: the row maps are structural)."""
+
+    rows: Callable
+    forward: Callable
+    to_tree: Callable
+    size: int
+    dtype: np.dtype
+    num_rows: int
+    store: str | None
+    by_products: bool
+    cutoff: float | None
+
+
+def _linearize_batch(forward, to_tree, size, dtype, params, data_b):
+    """`_linearize` of the batch's map ``t -> M_b t``."""
+    zeros = to_tree(jnp.zeros(size, dtype))
+    return _linearize(lambda t: forward(params, data_b, t), params, data_b, zeros)
+
+
+def _factor_batches(params, data, plan: _FactorPlan):
+    """``(W, stored, traces)``: every batch's Gram factor, stored rows or linearisation, and Gram trace."""
+
+    def gram(data_b):
+        # The Gram M_b M_b^T from the rows (per-example reverse passes): either forward-mode products of M_b
+        # with them (R tangent passes over the batch) or their inner products (2 R^2 P flops), whichever
+        # XLA's cost analysis counts fewer flops for: an MLP's tangent pass is cheap (products: 2.2x faster
+        # at P = 118k), a convolution's is not (inner products: 2.2x faster on LeNet-5).
+        rows_b = plan.rows(params, data_b)
+        if plan.store == _ROWS:  # the rows are kept: their inner products are the Gram
+            leaves = tuple(jax.tree_util.tree_leaves(rows_b))
+            return sum(a.reshape(a.shape[0], -1) @ a.reshape(a.shape[0], -1).T for a in leaves), leaves
+        keep = plan.store == "linearization"
+        if plan.by_products or keep:
+            stored, recipe = _linearize_batch(plan.forward, plan.to_tree, plan.size, plan.dtype, params, data_b)
+        if plan.by_products:
+            gram_b = jax.vmap(_rebuild(recipe, params, data_b, stored))(rows_b)
+        else:
+            flat = [a.reshape(a.shape[0], -1) for a in jax.tree_util.tree_leaves(rows_b)]
+            gram_b = sum(a @ a.T for a in flat)
+        return gram_b, (tuple(stored) if keep else ())
+
+    grams, stored = lax.map(canonical_convolutions(gram), data)
+    # A separate loop: an eigendecomposition inside the loop above slows its products ~1.7x on CPU.
+    shape = (plan.num_rows, plan.size)
+    return lax.map(lambda g: gram_factor(g, shape, plan.cutoff)[0], grams), stored, jax.vmap(jnp.trace)(grams)
+
+
+_factor_batches_jit = jax.jit(_factor_batches, static_argnums=2)
 
 
 def _plan_memory(rows, batches, store, per_batch_bytes, on_mesh, rows_cheaper) -> str | None:

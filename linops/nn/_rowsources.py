@@ -15,16 +15,18 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import NamedTuple
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from linops.nn._operators import _check_model
-from linops.nn.models import ravel
+from linops.nn.models import ravel, unravel_of
 
 _WHO = "AlternatingProjectionOp"
 
@@ -37,6 +39,11 @@ class RowSource(NamedTuple):
     ``rows(params, data_b)`` gives the ``R`` rows of $M_b$ stacked on a leading axis. ``data`` holds
     every batch's data stacked on a leading batch axis; ``params`` is shared by all batches.
     ``to_tree`` / ``to_flat`` convert between flat vectors of ``size`` entries and that layout.
+
+    The maps are structural: module-level functions, or frozen dataclasses of the model function (and a
+    likelihood's static part), equal for equal inputs. They are static data of the compiled programs that
+    build and apply the projection, so a refit on new parameter values or data of the same shapes (with the
+    same model function) reuses every one of those programs.
     """
 
     params: object
@@ -58,33 +65,66 @@ def matrix_rows(M, batch_size: int) -> RowSource:
         raise ValueError(f"{_WHO}: M must be 2-D, got shape {M.shape}")
     check_batch(batch_size, M.shape[0])
     blocks = M[pad_indices(M.shape[0], batch_size)]  # (B, S, P)
-    return RowSource(None, blocks, lambda _, Mb, v: Mb @ v, lambda _, Mb, u: u @ Mb, lambda _, Mb: Mb, batch_size,
-                     M.shape[1], M.dtype, _identity, _identity)
+    return RowSource(None, blocks, _matrix_forward, _matrix_backward, _matrix_rows, batch_size, M.shape[1], M.dtype,
+                     _identity, _identity)
+
+
+def _matrix_forward(_, Mb, v):
+    return Mb @ v
+
+
+def _matrix_backward(_, Mb, u):
+    return u @ Mb
+
+
+def _matrix_rows(_, Mb):
+    return Mb
 
 
 def jacobian_rows(fn, params, inputs, batch_size: int) -> RowSource:
     """The rows of the Jacobian of ``fn(params, x) -> (O,)`` on ``inputs``: ``batch_size * O`` per batch."""
     n, o = _check_model(fn, params, inputs, _WHO)
     check_batch(batch_size, n)
-    flat, unravel = ravel(params)
+    unravel = unravel_of(params)  # no flat vector formed: nothing runs here
     data = jax.tree_util.tree_map(lambda a: a[pad_indices(n, batch_size)], inputs)
+    return RowSource(params, data, _JacobianForward(fn), _JacobianBackward(fn), _JacobianRows(fn), batch_size * o,
+                     unravel.size, unravel.dtype, unravel, _flatten)
 
-    def batched(xb):
-        return lambda q: jax.vmap(fn, in_axes=(None, 0))(q, xb)
 
-    def forward(p, xb, t):
-        return jax.jvp(batched(xb), (p,), (t,))[1].reshape(-1)
+def _batched(fn, xb):
+    return lambda q: jax.vmap(fn, in_axes=(None, 0))(q, xb)
 
-    def backward(p, xb, u):
-        out, vjp = jax.vjp(batched(xb), p)
+
+@dataclasses.dataclass(frozen=True)
+class _JacobianForward:
+    """``(params, x_b, t) -> M_b t``: the batch's Jacobian times a tangent."""
+
+    fn: Callable
+
+    def __call__(self, p, xb, t):
+        return jax.jvp(_batched(self.fn, xb), (p,), (t,))[1].reshape(-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _JacobianBackward:
+    """``(params, x_b, u) -> M_b^T u`` in the parameters' layout."""
+
+    fn: Callable
+
+    def __call__(self, p, xb, u):
+        out, vjp = jax.vjp(_batched(self.fn, xb), p)
         return vjp(u.reshape(out.shape).astype(out.dtype))[0]
 
-    def rows(p, xb):  # row n * O + o of M_b is example n's Jacobian row o
-        jac = jax.vmap(lambda x: jax.jacrev(fn)(p, x))(xb)
-        return jax.tree_util.tree_map(lambda a: a.reshape((-1,) + a.shape[2:]), jac)
 
-    return RowSource(params, data, forward, backward, rows, batch_size * o, flat.shape[0], flat.dtype, unravel,
-                     _flatten)
+@dataclasses.dataclass(frozen=True)
+class _JacobianRows:
+    """``(params, x_b) -> rows``: row ``n * O + o`` of ``M_b`` is example ``n``'s Jacobian row ``o``."""
+
+    fn: Callable
+
+    def __call__(self, p, xb):
+        jac = jax.vmap(lambda x: jax.jacrev(self.fn)(p, x))(xb)
+        return jax.tree_util.tree_map(lambda a: a.reshape((-1,) + a.shape[2:]), jac)
 
 
 def loss_jacobian_rows(fn, params, inputs, targets, likelihood, batch_size: int) -> RowSource:
@@ -94,33 +134,68 @@ def loss_jacobian_rows(fn, params, inputs, targets, likelihood, batch_size: int)
     JL = LossJacobianOp(fn, params, inputs, targets, likelihood)  # validates everything
     n = JL.num_examples
     check_batch(batch_size, n)
-    flat, unravel = ravel(params)
-    lik_axis = 0 if likelihood.per_example else None
+    unravel = unravel_of(params)
     pad = pad_indices(n, batch_size)
+    # The likelihood's arrays travel with the data (per example: padded like it; else one copy per batch), its
+    # static part with the maps, so that the maps compare equal across fits.
+    arrays, static = eqx.partition(likelihood, eqx.is_array)
+    if likelihood.per_example:
+        lik_data = jax.tree_util.tree_map(lambda a: a[pad], arrays)
+    else:
+        lik_data = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (len(pad),) + jnp.shape(a)), arrays)
     data = (jax.tree_util.tree_map(lambda a: a[pad], inputs), jax.tree_util.tree_map(lambda a: a[pad], targets),
-            jax.tree_util.tree_map(lambda a: a[pad], likelihood) if lik_axis == 0 else None)
+            lik_data)
+    maps = _LossMaps(fn, static, bool(likelihood.per_example))
+    return RowSource(params, data, _LossForward(maps), _LossBackward(maps), _LossRows(maps), batch_size,
+                     unravel.size, unravel.dtype, unravel, _flatten)
 
-    def grads(p, data_b):
+
+@dataclasses.dataclass(frozen=True)
+class _LossMaps:
+    """The model function and the likelihood's static part; ``grads`` gives a batch's loss gradients."""
+
+    fn: Callable
+    likelihood_static: object
+    per_example: bool
+
+    def grads(self, p, data_b):
         xb, yb, lb = data_b
-        f = lambda q: jax.vmap(fn, in_axes=(None, 0))(q, xb)  # noqa: E731
-        lik = lb if lik_axis == 0 else likelihood
-        g = jax.vmap(lambda l_, o_, y_: l_.grad(o_, y_), in_axes=(lik_axis, 0, 0))(lik, f(p), yb)
+        f = _batched(self.fn, xb)
+        lik = eqx.combine(lb, self.likelihood_static)
+        axis = 0 if self.per_example else None
+        g = jax.vmap(lambda l_, o_, y_: l_.grad(o_, y_), in_axes=(axis, 0, 0))(lik, f(p), yb)
         return f, lax.stop_gradient(g)
 
-    def forward(p, data_b, t):
-        f, g = grads(p, data_b)
+
+@dataclasses.dataclass(frozen=True)
+class _LossForward:
+    maps: _LossMaps
+
+    def __call__(self, p, data_b, t):
+        f, g = self.maps.grads(p, data_b)
         return jnp.sum(g * jax.jvp(f, (p,), (t,))[1], axis=-1)
 
-    def backward(p, data_b, u):
-        f, g = grads(p, data_b)
+
+@dataclasses.dataclass(frozen=True)
+class _LossBackward:
+    maps: _LossMaps
+
+    def __call__(self, p, data_b, u):
+        f, g = self.maps.grads(p, data_b)
         _, vjp = jax.vjp(f, p)
         return vjp(u[:, None].astype(g.dtype) * g)[0]
 
-    def rows(p, data_b):  # row n of M_b: the gradient of g_n . f(p, x_n), example n alone
-        _, g = grads(p, data_b)
-        return jax.vmap(lambda x, g_n: jax.grad(lambda q: jnp.sum(g_n * fn(q, x)))(p))(data_b[0], g)
 
-    return RowSource(params, data, forward, backward, rows, batch_size, flat.shape[0], flat.dtype, unravel, _flatten)
+@dataclasses.dataclass(frozen=True)
+class _LossRows:
+    """Row ``n`` of ``M_b``: the gradient of ``g_n . f(p, x_n)``, example ``n`` alone."""
+
+    maps: _LossMaps
+
+    def __call__(self, p, data_b):
+        _, g = self.maps.grads(p, data_b)
+        fn = self.maps.fn
+        return jax.vmap(lambda x, g_n: jax.grad(lambda q: jnp.sum(g_n * fn(q, x)))(p))(data_b[0], g)
 
 
 def pad_indices(n, batch_size):

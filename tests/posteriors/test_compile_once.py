@@ -11,7 +11,7 @@ import pytest
 
 import posteriors as pst
 from linops.likelihoods import Categorical
-from linops.models import from_equinox
+from linops.models import from_equinox, ravel
 from linops.testing import count_compilations as compiles
 from posteriors.predictive import _row_values
 
@@ -87,6 +87,45 @@ def test_fit_gp_fsp_laplace_and_subnetwork_laplace_compile_once():
     first, second, events = _second_call_compiles(
         lambda i: pst.subnetwork_laplace(fn, scaled(i), (X, jnp.sin(X)), Gaussian(0.1), sub).factor)
     assert events == [] and not np.allclose(first, second)
+
+
+@pytest.mark.parametrize("loss", [False, True])
+@pytest.mark.parametrize("store", ["rows", False])
+def test_a_projected_posterior_refit_compiles_nothing_and_projects_onto_the_new_kernel(store, loss):
+    """The row maps are structural (the model function, not a fresh closure per fit), so building the batches'
+    factors and projecting reuse their programs on new weights and data; the cached programs read the new
+    arrays: the samples' deviations lie in the kernel of the new Jacobian, not the old one's."""
+    fn = _mlp_problem(0)[0]  # a refit calls the same model function on new weights and data
+
+    def fit(i):
+        _, params, X, y = _mlp_problem(i)
+        X = X[:10] * (1.0 + i)
+        if loss:
+            return fn, params, X, pst.loss_projected_posterior(fn, params, (X, y[:10]), Categorical(), batch_size=5,
+                                                               progress=False, store_linearization=store)
+        return fn, params, X, pst.projected_posterior(fn, params, X, batch_size=5, progress=False,
+                                                      store_linearization=store)
+
+    def deviations(post):
+        return post.projection.project_samples(jax.random.normal(jax.random.key(2), (post.projection.size, 3)))
+
+    _, _, _, first = fit(0)
+    d1 = jax.block_until_ready(deviations(first).value)
+    fit(1)  # warm: the same shapes as the first (its own programs: none)
+    with compiles() as events:
+        _, params, X, second = fit(1)
+        d2 = jax.block_until_ready(deviations(second).value)
+    assert events == [], f"{len(events)} compilations on a refit"
+    flat, unravel = ravel(params)
+    J = jax.jacrev(lambda f: jax.vmap(lambda x: fn(unravel(f), x))(X))(flat)  # (N, O, P) at the new weights
+    if loss:  # rows g_n J_n, g_n the categorical loss gradient at the outputs
+        out = jax.vmap(lambda x: fn(params, x))(X)
+        _, y = _mlp_problem(1)[2:]
+        J = jnp.einsum("no,nop->np", jax.nn.softmax(out) - jax.nn.one_hot(y[:10], 3), J)
+    J = np.asarray(J).reshape(-1, J.shape[-1])
+    d1, d2 = np.asarray(d1), np.asarray(d2)
+    assert np.linalg.norm(J @ d2) < 1e-4 * np.linalg.norm(J) * np.linalg.norm(d2)
+    assert np.linalg.norm(J @ d1) > 1e-2 * np.linalg.norm(J) * np.linalg.norm(d1)  # the old kernel is not it
 
 
 class _CNN(eqx.Module):
