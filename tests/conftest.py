@@ -36,7 +36,8 @@ def pytest_configure(config):
 
     Not in the distributed tier: its sharded-against-one-device comparisons include CG on split sweeps, which
     depends on rounding (at level 0, one of six samples stalls, with the library's warning), and an FSP covariance
-    compared at 1e-10; it runs with JAX's defaults, as users do. Set either option in XLA_FLAGS yourself to
+    compared at 1e-10; it runs at JAX's default level, as users do (CI adds the loop emitters, with which all of
+    it passes). Set either option in XLA_FLAGS yourself to
     choose (``--xla_backend_optimization_level=3 --xla_cpu_use_fusion_emitters=true`` tests as JAX compiles by
     default); the reproduction tier's commands and the notebooks run with JAX's defaults (tests/_env.py)."""
     if "distributed" in (config.option.markexpr or "").replace("not distributed", ""):
