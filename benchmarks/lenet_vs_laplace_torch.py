@@ -422,7 +422,7 @@ def main(argv=None):
         run.log(f"{s}: ours (no cache; then twice with a new persistent cache)")
         case = {"ours": spawn("ours", s, cfg, run.log)}
         warm = {}
-        if not run.quick or s == STRUCTURES[0]:  # a smoke run checks the cache path once (CI's time)
+        if not run.quick or s == next(iter(STRUCTURES)):  # a smoke run checks the cache path once (CI's time)
             with tempfile.TemporaryDirectory() as cache:
                 warm = [spawn("ours", s, {**cfg, "cache_dir": cache}, run.log) for _ in range(2)][-1]
         if "fit" in case["ours"] and "fit" in warm:
