@@ -91,6 +91,13 @@ CASES = {
     "AlternatingProjectionOp: sweeps": (
         lambda: lo.AlternatingProjectionOp.from_matrix(jnp.ones((2, 3)), batch_size=1, max_sweeps=0), ValueError,
         r"AlternatingProjectionOp: max_sweeps must be >= 1, got 0"),
+    "AlternatingProjectionOp: cutoff": (
+        lambda: lo.AlternatingProjectionOp.from_matrix(jnp.ones((2, 3)), batch_size=1, cutoff=1.5), ValueError,
+        r"AlternatingProjectionOp: cutoff is relative to each Gram's largest eigenvalue and must lie in \[0, 1\), "
+        r"got 1.5"),
+    "AlternatingProjectionOp: cutoff type": (
+        lambda: lo.AlternatingProjectionOp.from_matrix(jnp.ones((2, 3)), batch_size=1, cutoff="tight"), TypeError,
+        r"AlternatingProjectionOp: cutoff must be a number or None, got str 'tight'"),
     "hutchinson: samples": (
         lambda: lo.trace(lo.Dense(jnp.eye(3)), method="hutchinson", num_samples=1, key=jax.random.key(0)),
         ValueError, r"hutchinson: num_samples must be >= 2"),

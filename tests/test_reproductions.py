@@ -1,10 +1,11 @@
 """The papers' protocols at ``--quick`` size: ``python -m posteriors projected|subnetwork|fsp --quick``.
 
 Each run takes minutes on 2 CPU cores (the tier over 30 minutes), so they form their own tier
-(``pytest -m reproduction -n 0``), run by hand before ``docs/results.md`` changes, not in CI. They check that the protocol ran as documented (the tables' rows, the convergence record next to
-alpha*, the float32/float64 study) and the claims that reproduce at this size, with the margins measured in
-the runs recorded in ``docs/results.md``; the claims that do not reproduce are stated there with their
-measured reasons, not asserted here.
+(``pytest -m reproduction -n 0``), run by hand before ``docs/results.md`` changes, not in CI. They check
+that the protocol ran as documented (the tables' rows, the convergence record next to alpha*, the
+float32/float64 study) and the claims that reproduce at this size, with the margins measured in the runs
+recorded in ``docs/results.md``; the claims that do not reproduce are stated there with their measured
+reasons, not asserted here.
 """
 
 import json

@@ -78,8 +78,8 @@ class AlternatingProjectionOp(LinearOperator):
             float64; CG keeps its best iterate and stops after 50 steps without progress, so a
             tolerance below the attainable accuracy costs sweeps, never accuracy); for ``"plain"``,
             stop when a sweep changes the vector by less than ``rtol`` relatively (0: never).
-        cutoff: relative eigenvalue cut-off of each Gram $M_b M_b^\top$ (default ``max(R, sqrt(P)) eps``, the
-            accuracy of its eigenvalues; `linops._projector.gram_rtol`).
+        cutoff: relative eigenvalue cut-off of each Gram $M_b M_b^\top$, a number in [0, 1) (default
+            ``max(R, sqrt(P)) eps``, the accuracy of its eigenvalues; `linops._projector.gram_rtol`).
         store_linearization: keep each batch's linearisation (True), its ``R x P`` rows (``"rows"``: two
             matrix products per batch, 4x faster than LeNet-5's tangent and transposed passes on CPU),
             nothing (False: recompute the forward pass), or (None) the rows when XLA counts more flops for a

@@ -92,6 +92,7 @@ class RowBlocks(eqx.Module):
         if store_linearization not in (None, True, False, _ROWS):
             raise ValueError(f"{_WHO}: store_linearization must be None, True, False or 'rows', got "
                              f"{store_linearization!r}")
+        cutoff = _check_cutoff(cutoff)  # a plain number: part of the factoring program's static plan
         mesh, axis = check_mesh(mesh, axis, _WHO)
         data, devices = rows.data, 1 if mesh is None else mesh.shape[axis]
         if mesh is not None:  # a whole number of batches per device: repeat the last batch (Q_B Q_B = Q_B)
@@ -199,6 +200,20 @@ class _FactorPlan(NamedTuple):
     store: str | None
     by_products: bool
     cutoff: float | None
+
+
+def _check_cutoff(cutoff) -> float | None:
+    """The relative eigenvalue cut-off as a Python float in [0, 1), or None (the default)."""
+    if cutoff is None:
+        return None
+    try:
+        value = float(cutoff)
+    except (TypeError, ValueError):
+        raise TypeError(f"{_WHO}: cutoff must be a number or None, got {type(cutoff).__name__} {cutoff!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{_WHO}: cutoff is relative to each Gram's largest eigenvalue and must lie in [0, 1), "
+                         f"got {value}")
+    return value
 
 
 def _linearize_batch(forward, to_tree, size, dtype, params, data_b):
