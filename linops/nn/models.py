@@ -118,10 +118,79 @@ def example_spec(data):
     return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a)[1:], jnp.result_type(a)), data)
 
 
+class BoundModel:
+    """A per-example model function ``fn(params, x) = apply(params, static, x)``, with the module's
+    non-trainable part ``static`` held, not closed over: what `from_equinox` and `from_flax_nnx` return.
+
+    Two are equal (and hash alike) when they apply the same way to equal static parts: the same pytree
+    structure and the same non-array leaves, array leaves (a frozen embedding, batch statistics) by
+    identity. Compiled programs take the model function as static data, so a model wrapped again after
+    more training reuses every program compiled for it; a new closure never would. A static part whose
+    structure cannot be hashed compares by identity, as a closure does.
+
+    Examples:
+        >>> import jax, equinox as eqx
+        >>> from linops.models import BoundModel, from_equinox
+        >>> fn, params = from_equinox(eqx.nn.MLP(3, 2, 8, 1, key=jax.random.key(0)))
+        >>> isinstance(fn, BoundModel), fn == from_equinox(eqx.nn.MLP(3, 2, 8, 1, key=jax.random.key(1)))[0]
+        (True, True)
+        >>> fn == from_equinox(eqx.nn.MLP(3, 2, 16, 1, key=jax.random.key(0)))[0]   # another width
+        False
+    """
+
+    __slots__ = ("apply", "static", "_key", "__weakref__")
+
+    def __init__(self, apply: Callable, static):
+        self.apply, self.static = apply, static
+        leaves, treedef = jax.tree_util.tree_flatten(static)
+        key = (apply, treedef, tuple(_leaf_key(leaf) for leaf in leaves))
+        try:
+            hash(key)
+        except TypeError:  # an unhashable static field: identity, as a closure
+            key = (apply, id(self))
+        self._key = key
+
+    def __call__(self, params, x):
+        return self.apply(params, self.static, x)
+
+    def __eq__(self, other):
+        return isinstance(other, BoundModel) and self._key == other._key
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __repr__(self):
+        return f"BoundModel({getattr(self.apply, '__name__', self.apply)})"
+
+
+def _leaf_key(leaf):
+    """A static leaf as part of a `BoundModel`'s key: arrays by identity, hashable values by value."""
+    if isinstance(leaf, (jax.Array, np.ndarray)):
+        return ("array", id(leaf))
+    try:
+        hash(leaf)
+    except TypeError:
+        return ("object", id(leaf))
+    return type(leaf), leaf  # 1 and 1.0 trace differently
+
+
+def _equinox_apply(params, static, x):
+    return eqx.combine(params, static)(x)
+
+
+def _nnx_apply(params, static, x):
+    from flax import nnx
+
+    graphdef, rest = static
+    return nnx.merge(graphdef, params, rest)(x)
+
+
 def from_equinox(module) -> tuple[Callable, object]:
     """``(fn, params)`` for an Equinox module called on one example: ``module(x)``.
 
-    The trainable arrays (inexact arrays) are the params; everything else is closed over.
+    The trainable arrays (inexact arrays) are the params; everything else is held by ``fn`` (a
+    `BoundModel`). Wrapping the same architecture again (after more training, say) gives an equal ``fn``,
+    so every program compiled for the first one is reused.
 
     Examples:
         >>> import jax, equinox as eqx
@@ -129,13 +198,11 @@ def from_equinox(module) -> tuple[Callable, object]:
         >>> fn, params = from_equinox(eqx.nn.Linear(2, 3, key=jax.random.key(0)))
         >>> fn(params, jax.numpy.ones(2)).shape
         (3,)
+        >>> fn == from_equinox(eqx.nn.Linear(2, 3, key=jax.random.key(1)))[0]   # new weights, same model
+        True
     """
     params, static = eqx.partition(module, eqx.is_inexact_array)
-
-    def fn(p, x):
-        return eqx.combine(p, static)(x)
-
-    return fn, params
+    return BoundModel(_equinox_apply, static), params
 
 
 def from_flax_nnx(module) -> tuple[Callable, object]:
@@ -150,11 +217,7 @@ def from_flax_nnx(module) -> tuple[Callable, object]:
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("from_flax_nnx needs flax (pip install flax)") from e
     graphdef, params, rest = nnx.split(module, nnx.Param, ...)
-
-    def fn(p, x):
-        return nnx.merge(graphdef, p, rest)(x)
-
-    return fn, params
+    return BoundModel(_nnx_apply, (graphdef, rest)), params
 
 
 def per_example(batched_fn: Callable) -> Callable:
@@ -240,5 +303,5 @@ def restrict(fn: Callable, params, indices) -> tuple[Callable, jax.Array]:
     return fn_S, values
 
 
-__all__ = ["Unravel", "canonical_convolutions", "check_indices", "example_spec", "from_equinox", "from_flax_nnx",
-           "per_example", "ravel", "restrict", "unravel_of"]
+__all__ = ["BoundModel", "Unravel", "canonical_convolutions", "check_indices", "example_spec", "from_equinox",
+           "from_flax_nnx", "per_example", "ravel", "restrict", "unravel_of"]

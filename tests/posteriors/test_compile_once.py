@@ -58,6 +58,46 @@ def test_per_layer_variances_equal_the_jacobian_rows(name, structure):
     assert_close(var, ref, rtol=1e-10)
 
 
+def test_a_model_wrapped_again_reuses_the_compiled_fit_and_predictive():
+    """`from_equinox` returns a `BoundModel`: the same architecture wrapped again (new weights, as after more
+    training) is an equal model function, so a refit through it compiles nothing and reads the new weights."""
+    def wrapped(seed):
+        return from_equinox(eqx.nn.MLP(6, 3, 8, 2, activation=jnp.tanh, key=jax.random.key(seed)))
+
+    X = jax.random.normal(jax.random.key(5), (40, 6))
+    y = jnp.arange(40) % 3
+    fn0, params0 = wrapped(0)
+    fit = lambda fn, p: pst.laplace(fn, p, (X, y), Categorical(), structure="diag", batch_size=16)  # noqa: E731
+    jax.block_until_ready(pst.predictive.classification(fit(fn0, params0), X[:7]))
+    fn1, params1 = wrapped(1)
+    assert fn1 == fn0 and fn1 is not fn0
+    with compiles() as events:
+        post = fit(fn1, params1)
+        probs = jax.block_until_ready(pst.predictive.classification(post, X[:7]))
+    assert events == [], f"{len(events)} compilations after wrapping the model again"
+    fresh = fit(lambda p, x: fn1(p, x), params1)  # a closure of its own: compiled anew, the same values
+    assert_close(post.ggn.g, fresh.ggn.g, rtol=1e-6)
+    assert_close(probs, pst.predictive.classification(fresh, X[:7]), rtol=1e-6)
+
+
+def test_bound_models_differ_by_architecture_and_compare_array_fields_by_identity():
+    class Shifted(eqx.Module):
+        linear: eqx.nn.Linear
+        index: jax.Array  # an integer array: not a parameter, held by the model function
+
+        def __call__(self, x):
+            return self.linear(x)[self.index]
+
+    lin = eqx.nn.Linear(3, 4, key=jax.random.key(0))
+    module = Shifted(lin, jnp.array([0, 2]))
+    assert from_equinox(module)[0] == from_equinox(module)[0]  # the same index array
+    assert from_equinox(module)[0] != from_equinox(Shifted(lin, jnp.array([0, 2])))[0]  # another one
+    assert from_equinox(eqx.nn.Linear(3, 4, key=jax.random.key(0)))[0] != from_equinox(
+        eqx.nn.Linear(3, 5, key=jax.random.key(0)))[0]
+    fn, params = from_equinox(module)
+    assert_close(fn(params, jnp.ones(3)), module(jnp.ones(3)))
+
+
 def _second_call_compiles(call):
     first = call(0)
     with compiles() as events:
