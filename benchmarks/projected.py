@@ -18,8 +18,6 @@ Run:  python benchmarks/projected.py            # full run (about 3-4 minutes on
 
 from __future__ import annotations
 
-import statistics
-
 import _harness as H
 import jax
 import jax.numpy as jnp
@@ -105,7 +103,9 @@ def run_setup_and_sweep(cfg, *, log, rounds_setup, sweep_timing):
                                                                                       batch_size=s).W)
     naive_f = naive_factors_fn(fn, unravel, R, P)
 
-    # (a) as called: from_jacobian (compiles its lax.map on every call) vs the naive jit's first call.
+    # (a) as called: from_jacobian's first call vs the naive jit's first call. from_jacobian compiles its factoring
+    # program once per model function and shapes, so its later rounds are refits (no compilation); the naive jit
+    # is fresh in every round. The goal's ratio is the first round's.
     first_detail = {"from_jacobian": [], "naive": []}
     for r in range(rounds_setup):
         for name in (["from_jacobian", "naive"] if r % 2 == 0 else ["naive", "from_jacobian"]):
@@ -138,7 +138,7 @@ def run_setup_and_sweep(cfg, *, log, rounds_setup, sweep_timing):
     times, n_rounds = H.rounds(calls, min_rounds=rounds_setup, max_rounds=rounds_setup)
     setup = {
         "as_called_s": first, "as_called_detail": first_detail,
-        "as_called_ratio_of_medians": statistics.median(first["from_jacobian"]) / statistics.median(first["naive"]),
+        "as_called_ratio_of_medians": first["from_jacobian"][0] / first["naive"][0],  # the first round: see above
         "as_called_per_round_ratios": [a / b for a, b in zip(first["from_jacobian"], first["naive"], strict=True)],
         "jit_first_call": rep_jit, "steady_rounds": n_rounds, "steady_median_s": H.medians(times),
         "steady_times_s": times, "steady_ratio": H.ratio(times, "from_jacobian (jit)", "naive (jit)"),
@@ -383,7 +383,7 @@ def markdown(report) -> str:
         f"{m['rows_per_batch']} Jacobian rows. (b') and (d): a {csizes} tanh MLP, N = {cc['n']}, "
         f"S = {cc['batch_size']} (see below).",
         *H.table(("goal", "value", "target", "met"), [
-            ("(a) set-up, as called: `from_jacobian` / naive (first calls, compile included; ratio of medians)",
+            ("(a) set-up, as called: `from_jacobian` / naive (first calls, compile included)",
              f"{st['as_called_ratio_of_medians']:.3f}", f"≤ {GOAL_SETUP}", H.yes(st["goal_as_called_met"])),
             ("(a) set-up, compiled: `jit(from_jacobian)` / `jit(naive)` (median per-round ratio)",
              f"{st['steady_ratio']['median']:.3f}", f"≤ {GOAL_SETUP}", H.yes(st["goal_steady_met"])),
@@ -396,15 +396,15 @@ def markdown(report) -> str:
         "`jax.block_until_ready(A.W)`) against the naive route, a `jax.jit` function that per batch materialises "
         "M_b (R × P) by R vmapped VJPs of the whole batch, forms M_b M_bᵀ, and takes `eigh` with the same cut-off "
         "in a second loop (`lax.map` over batches, as the operator does; an `eigh` in the same loop body slows "
-        "the products about 1.7× on CPU, for either route). `from_jacobian` builds new closures on every call, "
-        "so every call traces and compiles its loops again: *as called* compares it with the naive jit's first "
-        "call (compile included); *compiled* wraps `from_jacobian` in `jax.jit` and compares steady-state calls, "
-        "interleaved.",
+        "the products about 1.7× on CPU, for either route). `from_jacobian` compiles its factoring program once "
+        "per model function and shapes: *as called* compares its first call with the naive jit's first call "
+        "(compile included; the goal's ratio is the first round's), and its later rounds are refits that compile "
+        "nothing; *compiled* wraps `from_jacobian` in `jax.jit` and compares steady-state calls, interleaved.",
         *H.table(("route", "as called: first call s (each round)", "of which XLA compile s", "compiled: median s"),
                  [(k, ", ".join(f"{t:.2f}" for t in st["as_called_s"][k]),
                    ", ".join(H.s(d["xla_compile_s"]) for d in st["as_called_detail"][k]),
                    f"{st['steady_median_s'][f'{k} (jit)']:.3f}") for k in ("from_jacobian", "naive")], "lllr"),
-        f"As called: ratio of medians {st['as_called_ratio_of_medians']:.3f} (per round: "
+        f"As called: first round's ratio {st['as_called_ratio_of_medians']:.3f} (per round: "
         f"{', '.join(f'{x:.3f}' for x in st['as_called_per_round_ratios'])}). Compiled: {st['steady_rounds']} "
         f"rounds, median per-round ratio {H.iqr(st['steady_ratio'])}. Ranks kept per batch: from_jacobian "
         f"{st['ranks_from_jacobian']}, naive {st['ranks_naive']}.",
@@ -530,7 +530,7 @@ def main(argv=None):
         "max_rounds": 6 if q else 20, "min_rounds": 3 if q else 8, "budget_s": 1.0 if q else 30.0})
     st, sw = large["setup"], large["sweep"]
     s = {
-        "setup as called (ratio of medians)": st["as_called_ratio_of_medians"],
+        "setup as called (first round)": st["as_called_ratio_of_medians"],
         "setup compiled (median per-round ratio)": st["steady_ratio"]["median"],
         "setup_goal_met_as_called": st["goal_as_called_met"], "setup_goal_met_compiled": st["goal_steady_met"],
         "sweep/epoch": sw["ratios"]["sweep/epoch"]["median"], "sweep_goal_met": sw["goal_met"],
@@ -547,7 +547,7 @@ def main(argv=None):
                "config": cfg, "summary": s,
                "result": {"large": large, "convergence": convergence, "samples": samples, "storage": storage}},
               markdown)
-    run.log(f"set-up goal (<= {GOAL_SETUP}): as called {s['setup as called (ratio of medians)']:.3f}, compiled "
+    run.log(f"set-up goal (<= {GOAL_SETUP}): as called {s['setup as called (first round)']:.3f}, compiled "
             f"{s['setup compiled (median per-round ratio)']:.3f}; sweep goal (<= {GOAL_SWEEP}): {s['sweep/epoch']:.3f}")
 
 
