@@ -151,7 +151,6 @@ def test_a_projected_posterior_refit_compiles_nothing_and_projects_onto_the_new_
 
     _, _, _, first = fit(0)
     d1 = jax.block_until_ready(deviations(first).value)
-    fit(1)  # warm: the same shapes as the first (its own programs: none)
     with compiles() as events:
         _, params, X, second = fit(1)
         d2 = jax.block_until_ready(deviations(second).value)
