@@ -21,12 +21,12 @@ give such leaves an exact diagonal).
 
 from __future__ import annotations
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from linops._batching import batched_map
+from linops._compile import program
 from linops.nn._kfac_layers import tapped_vjp
 from linops.nn._kfac_layers import trace_layers as _trace
 
@@ -54,15 +54,12 @@ def _variances(fn, params, inputs, batch, weight_term, leaf_variance, progress=N
     return batched_map(jax.vmap(example), inputs, max(1, min(n, batch)), progress)
 
 
-def _grouped(L, a, g):
-    """``a`` ``(R, G, in)`` in the kernel's row-major order of the input index and ``g`` ``(O, R, G, out)``."""
-    a = a.reshape(a.shape[0], L.groups, L.num_in)
-    if L.in_perm is not None:
-        a = a[:, :, np.asarray(L.in_perm)]  # into the kernel's row-major order of the input index
-    return a, g.reshape(g.shape[0], g.shape[1], L.groups, L.num_out)
+def _in_kernel_order(L, a):
+    """``a`` ``(G, in, R)`` in the kernel's row-major order of the input index."""
+    return a if L.in_perm is None else a[:, np.asarray(L.in_perm)]
 
 
-@eqx.filter_jit
+@program
 def kfac_variances(post, inputs, batch: int, progress: str | None = None) -> jax.Array:
     """``(M, O)``: $\\operatorname{diag}(J \\Sigma J^\\top)$ of a KFAC `LaplacePosterior`, ``batch`` inputs at a
     time (`jax.lax.map`); one compiled program per posterior structure, model and shapes."""
@@ -76,8 +73,9 @@ def kfac_variances(post, inputs, batch: int, progress: str | None = None) -> jax
         total = jnp.zeros(g.shape[0], g.dtype)
         if L.bias is not None:
             (Q,) = ggn.eigenvectors[L.bias]
-            total = total + jnp.sum((g.sum(1) @ Q) ** 2 * inverse_eigenvalues(L.bias)[None], axis=1)
-        a, g = _grouped(L, a, g)
+            total = total + jnp.sum((g.sum(-1).reshape(g.shape[0], -1) @ Q) ** 2 * inverse_eigenvalues(L.bias)[None],
+                                    axis=1)
+        a = _in_kernel_order(L, a)  # (G, in, R); g: (O, G, out, R)
         vectors, D = ggn.eigenvectors[L.weight], inverse_eigenvalues(L.weight)
         if L.groups == 1:
             vectors = tuple(V[None] for V in vectors)
@@ -85,17 +83,17 @@ def kfac_variances(post, inputs, batch: int, progress: str | None = None) -> jax
         D = D.reshape(L.groups, *((L.num_out, L.num_in) if L.out_first else (L.num_in, L.num_out)))
         if not L.out_first:
             D = jnp.swapaxes(D, 1, 2)  # (G, out, in)
-        u = jnp.einsum("orgk,gkl->orgl", g, Q_out)  # gradients in the output eigenbasis
-        v = jnp.einsum("rgi,gij->rgj", a, Q_in)  # activations in the input eigenbasis
-        if a.shape[0] == 1:  # one position: T_o is an outer product
-            return total + jnp.einsum("ogl,glj,gj->o", u[:, 0] ** 2, D, v[0] ** 2)
-        T = jnp.einsum("orgl,rgj->oglj", u, v)
+        u = jnp.einsum("ogkr,gkl->oglr", g, Q_out)  # gradients in the output eigenbasis
+        v = jnp.einsum("gir,gij->gjr", a, Q_in)  # activations in the input eigenbasis
+        if a.shape[-1] == 1:  # one position: T_o is an outer product
+            return total + jnp.einsum("ogl,glj,gj->o", u[..., 0] ** 2, D, v[..., 0] ** 2)
+        T = jnp.einsum("oglr,gjr->oglj", u, v)
         return total + jnp.einsum("oglj,glj->o", T**2, D)
 
     return _variances(post.fn, post.params, inputs, batch, weight_term, inverse_eigenvalues, progress)
 
 
-@eqx.filter_jit
+@program
 def diag_variances(post, inputs, batch: int, progress: str | None = None) -> jax.Array:
     """``(M, O)``: $\\operatorname{diag}(J \\Sigma J^\\top)$ of a diagonal `LaplacePosterior` (``Σ`` diagonal),
     ``batch`` inputs at a time; one compiled program per posterior structure, model and shapes."""
@@ -105,14 +103,15 @@ def diag_variances(post, inputs, batch: int, progress: str | None = None) -> jax
     def weight_term(L, a, g):
         total = jnp.zeros(g.shape[0], g.dtype)
         if L.bias is not None:
-            total = total + jnp.sum(g.sum(1) ** 2 * per_leaf[L.bias].reshape(-1)[None], axis=1)
-        a, g = _grouped(L, a, g)
+            total = total + jnp.sum(g.sum(-1).reshape(g.shape[0], -1) ** 2 * per_leaf[L.bias].reshape(-1)[None],
+                                    axis=1)
+        a = _in_kernel_order(L, a)  # (G, in, R); g: (O, G, out, R)
         D = per_leaf[L.weight]
         D = (D.reshape(L.groups, L.num_out, L.num_in) if L.out_first
              else D.reshape(L.num_in, L.num_out).T[None])  # (G, out, in)
-        if a.shape[0] == 1:  # one position: the row is an outer product, its weighted squares a bilinear form
-            return total + jnp.einsum("ogl,glj,gj->o", g[:, 0] ** 2, D, a[0] ** 2)
-        T = jnp.einsum("orgl,rgj->oglj", g, a)
+        if a.shape[-1] == 1:  # one position: the row is an outer product, its weighted squares a bilinear form
+            return total + jnp.einsum("ogl,glj,gj->o", g[..., 0] ** 2, D, a[..., 0] ** 2)
+        T = jnp.einsum("oglr,gjr->oglj", g, a)
         return total + jnp.einsum("oglj,glj->o", T**2, D)
 
     return _variances(post.fn, post.params, inputs, batch, weight_term, lambda i: per_leaf[i], progress)

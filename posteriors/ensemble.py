@@ -31,6 +31,7 @@ import numpy as np
 
 import linops as lo
 from linops._batching import batched_map
+from linops._compile import program
 from linops._conv_layout import _has_conv
 from linops._progress import tick
 from linops.likelihoods import Gaussian, Likelihood
@@ -136,7 +137,7 @@ class DeepEnsemble(eqx.Module):
         return jnp.mean(mu, axis=0), jnp.var(mu, axis=0) + jnp.asarray(sigma) ** 2
 
 
-@eqx.filter_jit
+@program
 def _outputs(ens, inputs, batch_size):
     def chunk(x):
         return jax.vmap(lambda t: jax.vmap(ens.fn, in_axes=(None, 0))(ens.unravel(t), x))(ens.members)
@@ -206,7 +207,7 @@ def deep_ensemble(fn, init: Callable, data, likelihood: Likelihood, *, key: jax.
     return DeepEnsemble(fn, members, unravel, likelihood)
 
 
-@eqx.filter_jit
+@program
 def _train_members(fn, unravel, data, likelihood, prior_precision, learning_rate, starts, keys, *, batch_size, in_turn,
                    label):
     """`deep_ensemble`'s training as one program (cached per model, shapes and options; the data are its

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import linops as lo
+from linops._compile import program
 from linops._progress import tick
 from linops.kernels import Independent, Kernel
 from linops.likelihoods import Likelihood
@@ -270,7 +271,7 @@ def _cutoff(values, rtol):
     return values > rtol * jnp.max(jnp.abs(values))
 
 
-@eqx.filter_jit
+@program
 def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, context_batch_size, rtol, mesh=None,
                 progress=None):
     flat, _ = ravel(params)

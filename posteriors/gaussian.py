@@ -24,10 +24,11 @@ import jax
 import jax.numpy as jnp
 
 import linops as lo
+from linops._compile import program
 from linops.models import example_spec, ravel
 
 
-@eqx.filter_jit
+@program
 def _batched_outputs(fn, params, inputs):
     """``fn`` on every input, as one program per model and shapes."""
     return jax.vmap(fn, in_axes=(None, 0))(params, inputs)

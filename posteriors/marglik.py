@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linops._compile import program
 from linops._progress import new_bar, tick
 from linops.models import unravel_of
 from posteriors.laplace_family import LaplacePosterior, _canonical_prior, _check_sigma, _noise_scale, gaussian_loss
@@ -66,7 +67,7 @@ def marginal_log_likelihood(post: LaplacePosterior, prior_precision=None, sigma=
     return _marginal_log_likelihood(post, alpha, sigma)
 
 
-@eqx.filter_jit
+@program
 def _marginal_log_likelihood(post, alpha, sigma):
     scale, loss = post.noise_scale, post.loss
     if sigma is not None:
@@ -145,7 +146,7 @@ def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik",
     return tuned, report
 
 
-@eqx.filter_jit
+@program
 def _tune(post, learning_rate, *, num_steps, prior_structure, tune_sigma, sizes, label):
     """Adam on the log evidence as one program (cached per posterior structure, shapes and options): the tuned
     ``(alpha, sigma or None, log evidence per step and at the end)``."""

@@ -20,12 +20,12 @@ Examples:
 
 from __future__ import annotations
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from linops._batching import batched_map
+from linops._compile import program
 from linops.likelihoods import Bernoulli, Categorical, Gaussian
 from linops.memory import check_fits
 from linops.models import ravel, unravel_of
@@ -114,7 +114,7 @@ def _row_values(post, inputs, b, k, output_covariance, progress=None):
     return batched_map(chunk, inputs, b, progress)
 
 
-_row_values_jit = eqx.filter_jit(_row_values)
+_row_values_jit = program(_row_values)
 
 
 def _sampled(post, inputs, key, num_samples, full_covariance, output_covariance):
@@ -140,7 +140,7 @@ def _sampled(post, inputs, key, num_samples, full_covariance, output_covariance)
     return jnp.mean(offsets**2, axis=0)
 
 
-@eqx.filter_jit
+@program
 def _jvp_offsets(post, deltas, inputs):
     r"""``(n, M, O)``: $J(x)\,\delta$ for every row of ``deltas`` and input, inputs mapped in chunks."""
     def chunk(Xc):
@@ -405,7 +405,7 @@ def _regression(post, inputs, sigma, progress):
     return mean, var + jnp.asarray(sigma) ** 2
 
 
-_COMPILED = {body: eqx.filter_jit(body) for body in (_linearized, _classification, _regression)}
+_COMPILED = {body: program(body) for body in (_linearized, _classification, _regression)}
 
 
 def nll(post: GaussianPosterior, inputs, targets, *, link: str = "probit", key: jax.Array | None = None,

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import linops as lo
+from linops._compile import program
 from linops.likelihoods import Likelihood
 from linops.memory import check_fits, format_bytes
 from linops.models import check_indices, ravel, restrict
@@ -355,7 +356,7 @@ class _IndexSet:
         return hash(self._key)
 
 
-@eqx.filter_jit
+@program
 def _restricted_ggn(fn, params, X, Y, likelihood, index_set, batch_size, mesh, progress=None):
     """The dense GGN of ``fn`` restricted to ``index_set``: one program per model, subnetwork and shapes."""
     fn_S, theta_S = restrict(fn, params, index_set.value)

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import linops as lo
+from linops._compile import program
 from linops._progress import tick
 from linops.likelihoods import Likelihood
 from linops.models import canonical_convolutions, ravel
@@ -65,7 +66,7 @@ def _sgd_moments(fn, params, data, likelihood: Likelihood, *, key: jax.Array, nu
                     collect_every=collect_every, batch_size=int(batch_size), momentum=momentum, rank=rank, label=label)
 
 
-@eqx.filter_jit
+@program
 def _sgd_run(fn, unravel, data, likelihood, prior_precision, learning_rate, theta, key, *, num_steps, collect_every,
              batch_size, momentum, rank, label):
     """`_sgd_moments`' loop as one program (cached per model, shapes and options; the data are its arguments)."""

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from linops._compile import program
 from linops._progress import tick
 from linops.kernels._base import Kernel, _check_inputs, _outputs, _positive
 from linops.kernels._multioutput import Coregionalized
@@ -126,7 +127,7 @@ def _unpack(variables, params, fixed, static, noise, fit_noise):
     return kern, (noise_ if fit_noise else noise)
 
 
-@eqx.filter_jit
+@program
 def _fit_gp_program(variables, params, fixed, static, X, y, noise, learning_rate, num_steps, fit_noise, progress=None):
     """Adam's ``num_steps`` steps as one program, compiled once per kernel structure, shapes and step count."""
     import optax

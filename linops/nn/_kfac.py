@@ -198,17 +198,24 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, appro
         xb, yb, lb = data
         acts, grads, other_squares = jax.vmap(example, in_axes=(0, 0, 0 if lb is not None else None))(xb, yb, lb)
         As, Bs, biases = [], [], []
-        for L, a, g in zip(layers, acts, grads, strict=True):  # a: (b, R, G in), g: (b, K, R, G out)
-            g_hat = g.sum(2)  # (b, K, G out): summed over the positions
-            biases.append(jnp.einsum("bki,bkj->ij", g_hat, g_hat) if L.bias is not None else None)
-            if approximation == "expand":
-                a = a.reshape(-1, L.groups, L.num_in)
-                g = g.reshape(-1, L.groups, L.num_out)
+        for L, a, g in zip(layers, acts, grads, strict=True):  # a: (b, G, in, R), g: (b, K, G, out, R)
+            g_hat = g.sum(-1)  # (b, K, G, out): summed over the positions
+            if L.bias is not None:
+                flat = g_hat.reshape(-1, L.groups * L.num_out)
+                biases.append(flat.T @ flat)
             else:
-                a = a.mean(1).reshape(-1, L.groups, L.num_in)
-                g = g_hat.reshape(-1, L.groups, L.num_out)
-            As.append(jnp.einsum("rgi,rgj->gij", a, a))
-            Bs.append(jnp.einsum("rgi,rgj->gij", g, g))
+                biases.append(None)
+            if approximation == "expand":
+                As.append(jnp.einsum("bgir,bgjr->gij", a, a))
+                if L.positions == 1:
+                    Bs.append(jnp.einsum("bkgo,bkgp->gop", g[..., 0], g[..., 0]))
+                else:  # per example and row a product over the positions (the minor axis of both operands, where
+                    # one product over rows and positions together would transpose the K-times larger gradients)
+                    Bs.append(jnp.sum(jnp.einsum("bkgor,bkgpr->bkgop", g, g), axis=(0, 1)))
+            else:
+                a = a.mean(-1)  # (b, G, in)
+                As.append(jnp.einsum("bgi,bgj->gij", a, a))
+                Bs.append(jnp.einsum("bkgo,bkgp->gop", g_hat, g_hat))
         return As, Bs, biases, [jnp.sum(d, axis=0) for d in other_squares]
 
     As, Bs, biases, other_diagonals = sharded_sum(batch, (inputs, targets, lik), batch_size, mesh, axis, progress)

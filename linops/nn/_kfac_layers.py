@@ -34,9 +34,12 @@ import numpy as np
 
 
 class Layer(NamedTuple):
-    """One recognised layer. ``acts(a) -> (R, in)`` and ``grads(g) -> (R, out)`` turn the raw activation and
-    the gradient at the layer's output (its shape) into rows over the positions; ``in_perm`` reorders the
-    activation factor from patch order into the kernel's row-major order (None: already in it)."""
+    """One recognised layer. ``acts(a) -> (G, in, R)`` and ``grads(g) -> (G, out, R)`` turn the raw activation
+    and the gradient at the layer's output (its shape) into columns over the positions, feature-major: the
+    positions are the minor axis, so that the contractions over them (a row's gradient, a Kronecker factor)
+    are matrix products on the data as the model lays it out (a channel-first convolution's needs no
+    transpose); ``in_perm`` reorders the activation factor from patch order into the kernel's row-major order
+    (None: already in it)."""
 
     kind: str  # "dense" or "conv"
     weight: int  # leaf index
@@ -72,10 +75,10 @@ def _dense(eqn, leaf_vars, uses):
         channel = 0 if w_is_lhs else eqn.outvars[0].aval.ndim - 1  # the output's W axis
 
         def acts(x, aax=aax, num_in=num_in):
-            return jnp.moveaxis(x, aax, -1).reshape(-1, num_in)
+            return jnp.moveaxis(x, aax, 0).reshape(1, num_in, -1)
 
         def grads(g, channel=channel, num_out=num_out):
-            return jnp.moveaxis(g, channel, -1).reshape(-1, num_out)
+            return jnp.moveaxis(g, channel, 0).reshape(1, num_out, -1)
 
         layer = Layer("dense", leaf, None, (wax == 1) != transposed, 1, positions, num_in, num_out, acts, grads, None,
                       eqn.outvars[0].aval)
@@ -112,16 +115,41 @@ def _conv(eqn, leaf_vars, uses):
     filter_shape = tuple(rhs.aval.shape[d] for d in spatial)
 
     def acts(x):
-        patches = jax.lax.conv_general_dilated_patches(
-            x, filter_shape, p["window_strides"], p["padding"], lhs_dilation=p["lhs_dilation"],
-            rhs_dilation=p["rhs_dilation"], dimension_numbers=dn, precision=p["precision"])
-        return jnp.moveaxis(patches, channel, -1).reshape(-1, groups * num_in)
+        patches = conv_patches(x, filter_shape, p["window_strides"], p["padding"], p["lhs_dilation"],
+                               p["rhs_dilation"], dn)
+        return jnp.moveaxis(patches, channel, 0).reshape(groups, num_in, -1)
 
     def grads(g):
-        return jnp.moveaxis(g, channel, -1).reshape(-1, groups * num_out)
+        return jnp.moveaxis(g, channel, 0).reshape(groups, num_out, -1)
 
     return Layer("conv", leaf_vars[rhs][0], None, out_dim == 0, groups, positions, num_in, num_out, acts, grads, perm,
                  out.aval), lhs, channel
+
+
+def conv_patches(x, filter_shape, strides, padding, lhs_dilation, rhs_dilation, dn):
+    """`jax.lax.conv_general_dilated_patches` (the same values, features ordered input channel first, then the
+    filter's offsets) by strided slices: one per filter offset along each spatial axis in turn, a copy of the
+    data where XLA's CPU back end computes the patches as a convolution with an identity kernel (several times
+    the model's own convolution's work). ``padding`` is explicit ``(low, high)`` pairs, ``dn`` the
+    convolution's `jax.lax.ConvDimensionNumbers`."""
+    batch_axis, feature_axis, *spatial_axes = dn.lhs_spec
+    x = jnp.transpose(x, (batch_axis, feature_axis, *spatial_axes))  # (N, C, *spatial)
+    zero = jnp.zeros((), x.dtype)
+    x = jax.lax.pad(x, zero, [(0, 0, 0), (0, 0, 0)] + [(int(lo), int(hi), int(d) - 1)
+                                                       for (lo, hi), d in zip(padding, lhs_dilation, strict=True)])
+    for j, (size, stride, dilation) in enumerate(zip(filter_shape, strides, rhs_dilation, strict=True)):
+        axis = 2 + 2 * j  # the spatial axis j, after the offset axes of the axes before it
+        count = (x.shape[axis] - (size - 1) * dilation - 1) // stride + 1
+        pieces = [jax.lax.slice_in_dim(x, k * dilation, k * dilation + (count - 1) * stride + 1, stride, axis)
+                  for k in range(size)]
+        x = jnp.stack(pieces, axis=axis)  # the offset axis just before its spatial axis
+    # (N, C, k_1, s_1, k_2, s_2, ...) -> (N, C, k_1, k_2, ..., s_1, s_2, ...)
+    ndim = len(filter_shape)
+    x = jnp.transpose(x, (0, 1, *range(2, 2 + 2 * ndim, 2), *range(3, 3 + 2 * ndim, 2)))
+    x = x.reshape(x.shape[0], -1, *x.shape[2 + ndim:])  # (N, C K, *out spatial)
+    out_batch, out_feature, *out_spatial = dn.out_spec
+    order = np.argsort([out_batch, out_feature, *out_spatial])
+    return jnp.transpose(x, order)
 
 
 def _moved_axis(eqn, axis):

@@ -80,8 +80,8 @@ def layer_dense_ggn(plan, likelihood, inputs, targets, chunk, mesh, axis, progre
         f_n, vjp, acts = tapped_vjp(layers, tapped, leaves, (), x)
         A = (likelihood if lik_n is None else lik_n).hessian_factor(f_n, y)  # (K, O)
         grads, _ = jax.vmap(vjp)(A)
-        return ([jax.vmap(L.grads)(g)[:, 0] for L, g in zip(layers, grads, strict=True)],  # (K, out)
-                [L.acts(a)[0] for L, a in zip(layers, acts, strict=True)])  # (in,)
+        return ([jax.vmap(L.grads)(g)[:, 0, :, 0] for L, g in zip(layers, grads, strict=True)],  # (K, out)
+                [L.acts(a)[0, :, 0] for L, a in zip(layers, acts, strict=True)])  # (in,)
 
     def batch(data):
         xb, yb, lb = data

@@ -54,19 +54,19 @@ def _example_fn(plan, likelihood, num_outputs, per_block):
 
     def example(x, y, lik_n):
         f_n, vjp, raw_acts = tapped_vjp(layers, tapped, leaves, others, x)
-        acts = [L.acts(a).reshape(L.positions, L.groups, L.num_in) for L, a in zip(layers, raw_acts, strict=True)]
+        acts = [L.acts(a) for L, a in zip(layers, raw_acts, strict=True)]  # (G, in, R)
         A = (lik_n if lik_n is not None else likelihood).hessian_factor(f_n, y)  # (K, O)
 
         def squares(Ab):  # the terms of a block of rows of A
             d_grads, o_grads = jax.vmap(vjp)(Ab)
             weights, biases = [], []
             for L, a, g in zip(layers, acts, d_grads, strict=True):
-                g = jax.vmap(L.grads)(g).reshape(-1, L.positions, L.groups, L.num_out)  # (k, R, G, out)
+                g = jax.vmap(L.grads)(g)  # (k, G, out, R)
                 if L.positions == 1:
-                    weights.append(jnp.sum(g[:, 0] ** 2, axis=0))  # (G, out); times a^2 per batch
-                else:
-                    weights.append(jnp.sum(jnp.einsum("krgo,rgi->kgoi", g, a) ** 2, axis=0))  # (G, out, in)
-                biases.append(jnp.sum(jnp.sum(g, axis=1) ** 2, axis=0) if L.bias is not None else None)
+                    weights.append(jnp.sum(g[..., 0] ** 2, axis=0))  # (G, out); times a^2 per batch
+                else:  # the rows' gradients, a matrix product over the positions (the minor axis of both)
+                    weights.append(jnp.sum(jnp.einsum("kgor,gir->kgoi", g, a) ** 2, axis=0))  # (G, out, in)
+                biases.append(jnp.sum(jnp.sum(g, axis=-1) ** 2, axis=0) if L.bias is not None else None)
             return weights, biases, [jnp.sum(o**2, axis=0) for o in o_grads]
 
         if num_blocks == 1:
@@ -77,7 +77,7 @@ def _example_fn(plan, likelihood, num_outputs, per_block):
             zero = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(squares, blocks[0]))
             terms = lax.scan(lambda acc, Ab: (jax.tree_util.tree_map(jnp.add, acc, squares(Ab)), None), zero,
                              blocks)[0]
-        squared_acts = [a[0] ** 2 if L.positions == 1 else None for L, a in zip(layers, acts, strict=True)]
+        squared_acts = [a[..., 0] ** 2 if L.positions == 1 else None for L, a in zip(layers, acts, strict=True)]
         return terms, squared_acts
 
     return example

@@ -10,6 +10,7 @@ import numpy as np
 
 from linops import _progress, _tags
 from linops._base import LinearOperator
+from linops._compile import program
 from linops.nn._operators import _check_likelihood, _check_model, ggn_batch_product
 from linops.nn.likelihoods import Likelihood
 from linops.nn.models import ravel
@@ -28,7 +29,7 @@ class _Opaque:
         return self is other
 
 
-@eqx.filter_jit
+@program
 def _batch_kernel(fn, params, tangent, xb, yb, likelihood):
     return ggn_batch_product(fn, params, tangent, xb, yb, likelihood, None)
 

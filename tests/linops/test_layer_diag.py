@@ -178,3 +178,32 @@ def test_non_overlapping_max_pools_are_rewritten_and_overlapping_ones_are_not():
         text = str(jax.make_jaxpr(tapped)(*leaves, x, *deltas))
         assert text.count("reduce_window_max") == expected
         assert_close(tapped(*leaves, x, *deltas)[0], fn(params, x), rtol=1e-6)
+
+
+@pytest.mark.parametrize("spec, shape, filter_shape, strides, padding, lhs_dilation, rhs_dilation", [
+    (("NCHW", "OIHW", "NCHW"), (1, 3, 9, 8), (3, 2), (1, 1), ((1, 1), (0, 2)), (1, 1), (1, 1)),
+    (("NHWC", "HWIO", "NHWC"), (2, 9, 8, 3), (3, 3), (2, 1), ((0, 0), (2, 1)), (1, 1), (2, 1)),
+    (("NCH", "OIH", "NCH"), (2, 4, 11), (4,), (3,), ((2, -1),), (2,), (1,)),  # a transposed convolution
+    (("NHWC", "OIHW", "NCHW"), (1, 5, 6, 2), (2, 3), (1, 2), ((1, 1), (1, 0)), (2, 1), (1, 2)),
+])
+def test_conv_patches_are_jax_patches(spec, shape, filter_shape, strides, padding, lhs_dilation, rhs_dilation):
+    """`conv_patches` (strided slices) against `jax.lax.conv_general_dilated_patches` (an identity-kernel
+    convolution): the same values in the same feature order, for every layout, stride, padding (negative
+    too), input and kernel dilation; and its reverse derivative."""
+    from linops.nn._kfac_layers import conv_patches
+
+    x = jax.random.normal(jax.random.key(0), shape, jnp.float64)
+    rhs_shape = tuple(1 if c in "OI" else filter_shape["HW".index(c)] for c in spec[1])
+    dn = jax.lax.conv_dimension_numbers(shape, rhs_shape, spec)
+
+    def reference(x):
+        return jax.lax.conv_general_dilated_patches(x, filter_shape, strides, padding, lhs_dilation=lhs_dilation,
+                                                    rhs_dilation=rhs_dilation, dimension_numbers=spec)
+
+    def ours(x):
+        return conv_patches(x, filter_shape, strides, padding, lhs_dilation, rhs_dilation, dn)
+
+    expected, vjp = jax.vjp(reference, x)
+    assert_close(ours(x), expected, rtol=0)
+    g = jax.random.normal(jax.random.key(1), expected.shape, jnp.float64)
+    assert_close(jax.vjp(ours, x)[1](g)[0], vjp(g)[0], rtol=1e-12)

@@ -211,3 +211,21 @@ def test_a_first_cnn_fit_and_predictive_compile_one_program_each_and_a_refit_non
     assert not np.allclose(np.asarray(probs), np.asarray(probs2))
     _, var = pst.predictive.linearized(post2, X[1][:8])
     assert_close(var, _row_values(post2, X[1][:8], 8, 5, False), rtol=1e-4)
+
+
+def test_a_jaxlib_that_refuses_the_compile_option_gets_the_plain_program(monkeypatch):
+    """`linops._compile.program` asks XLA for an option of its CPU back end; a jaxlib without it refuses the
+    compilation (``No such compile option``), and the call then runs the plain program, once refused never
+    asking again."""
+    from linops import _compile
+
+    monkeypatch.setattr(_compile, "_known", [True])
+    monkeypatch.setattr(_compile, "COMPILER_OPTIONS", {"xla_an_option_no_jaxlib_has": False})
+    double = _compile.program(lambda x: 2.0 * x)
+    assert_close(double(jnp.arange(3.0)), jnp.array([0.0, 2.0, 4.0]), rtol=0)
+    assert _compile._known == [False]
+    assert_close(double(jnp.ones(2)), jnp.full(2, 2.0), rtol=0)
+    monkeypatch.setattr(_compile, "_known", [True])
+    monkeypatch.setattr(_compile, "COMPILER_OPTIONS", {"xla_cpu_use_fusion_emitters": False})
+    assert_close(_compile.program(lambda x: 2.0 * x)(jnp.ones(2)), jnp.full(2, 2.0), rtol=0)
+    assert _compile._known == [True], "the option this jaxlib knows is accepted"
