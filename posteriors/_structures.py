@@ -80,6 +80,13 @@ class StructuredGGN(eqx.Module):
     def fit(cls, request: FitRequest) -> StructuredGGN:
         raise NotImplementedError
 
+    @classmethod
+    def fit_and_sum(cls, request: FitRequest, per_example) -> tuple[StructuredGGN, Any]:
+        """`fit`, and the sum over the data of ``per_example(f_n, y_n, lik_n)`` (the evidence's data terms) when
+        the fit's own pass over the data sees every output ``f_n``, saving the evidence a forward pass of its
+        own; None (the default) where it does not."""
+        return cls.fit(request), None
+
     def factorize(self, alpha, scale):
         """What products and samples at this ``(alpha, scale)`` reuse (e.g. a Cholesky factor)."""
         return None
@@ -119,11 +126,18 @@ class FullGGN(StructuredGGN):
 
     @classmethod
     def fit(cls, r):
+        return cls.fit_and_sum(r, None)[0]
+
+    @classmethod
+    def fit_and_sum(cls, r, per_example):
         P = r.G.shape[0]
         check_fits(3 * P * P * np.dtype(r.G.dtype).itemsize, f"{r.who}(structure='full') with {P} parameters (the "
                    "GGN, the precision and its Cholesky factor)", "use structure='diag', 'kfac', 'lowrank' or "
                    "'last_layer'")
-        return cls(r.G.as_matrix())
+        if per_example is None:
+            return cls(r.G.as_matrix()), None
+        G, sums = r.G._as_matrix(per_example)  # the sums from the Kronecker blocks' pass (a last layer, an MLP)
+        return cls(G), sums
 
     def _Lambda(self, alpha, scale):
         return self.G / scale + jnp.diag(_full_alpha(alpha, self.G.shape[0]).astype(self.G.dtype))

@@ -388,14 +388,16 @@ def _fit_structure(cls, fn, params, X, Y, likelihood, chosen, key, o):
     lowrank = cls is S.REGISTRY["lowrank"]
     G = lo.GGNOp(fit_fn, fit_params, X, Y, likelihood, batch_size=o.batch_size, mesh=o.mesh,
                  progress=None if lowrank else o.progress)
-    return cls.fit(S.FitRequest(G, fit_fn, fit_params, (X, Y), likelihood, o.batch_size, o.mesh, o.rank,
-                                o.num_steps, key, o.kfac_fallback, o.who, o.kfac_approximation, o.progress))
+    return cls.fit_and_sum(S.FitRequest(G, fit_fn, fit_params, (X, Y), likelihood, o.batch_size, o.mesh, o.rank,
+                                        o.num_steps, key, o.kfac_fallback, o.who, o.kfac_approximation, o.progress),
+                           _example_terms(likelihood))
 
 
 def _fit(cls, fn, params, X, Y, likelihood, chosen, key, o, alpha):
-    """The whole fit: the structure's GGN, then `_posterior_terms` at the prior ``alpha``."""
-    ggn = _fit_structure(cls, fn, params, X, Y, likelihood, chosen, key, o)
-    return ggn, _posterior_terms(fn, params, X, Y, likelihood, ggn, alpha)
+    """The whole fit: the structure's GGN, then `_posterior_terms` at the prior ``alpha`` (the data terms from
+    the GGN's own pass over the data where the structure sums them there: the last layer, an MLP's full GGN)."""
+    ggn, data_terms = _fit_structure(cls, fn, params, X, Y, likelihood, chosen, key, o)
+    return ggn, _posterior_terms(fn, params, X, Y, likelihood, ggn, alpha, data_terms)
 
 
 # `_fit` as one program, compiled once per structure, model function, shapes and options (the arrays are its
@@ -404,14 +406,26 @@ def _fit(cls, fn, params, X, Y, likelihood, chosen, key, o, alpha):
 _fit_compiled = program(_fit)
 
 
-def _posterior_terms(fn, params, X, Y, likelihood, ggn, alpha):
-    """``(loss, residual sums of squares, factorisation at alpha and noise scale 1, whether it is finite)``."""
-    loss, rss = _data_terms(fn, params, X, Y, likelihood)
+def _posterior_terms(fn, params, X, Y, likelihood, ggn, alpha, data_terms=None):
+    """``(loss, residual sums of squares, factorisation at alpha and noise scale 1, whether it is finite)``;
+    ``data_terms``: the first two when already summed (`_example_terms`), else a forward pass computes them."""
+    loss, rss = _data_terms(fn, params, X, Y, likelihood) if data_terms is None else data_terms
     factor, finite = _factor_and_check(ggn, alpha, jnp.ones((), jnp.result_type(alpha)))
     return loss, rss, factor, finite
 
 
 _posterior_terms_compiled = program(_posterior_terms)
+
+
+def _example_terms(likelihood):
+    """``(f_n, y_n, lik_n) -> (loss, squared residuals or None)`` of one example: summed over the data, what
+    `_data_terms` computes (``lik_n`` the example's own likelihood when it is per example, else None)."""
+    gaussian = isinstance(likelihood, Gaussian)
+
+    def terms(f_n, y_n, lik_n):
+        return (likelihood if lik_n is None else lik_n).nll(f_n, y_n), ((y_n - f_n) ** 2 if gaussian else None)
+
+    return terms
 
 
 def _data_terms(fn, params, X, Y, likelihood):

@@ -7,7 +7,8 @@ $s_r = W a_r$ for shared positions $r = 1..R$:
   (a dense layer; its activation's other axes, tokens or pixels, are the positions; $R = 1$
   for a vector);
 - a ``conv_general_dilated`` whose kernel is a leaf, any stride, padding, dilation and feature
-  groups: the activations are the input's patches (`jax.lax.conv_general_dilated_patches`), the
+  groups: the activations are the input's patches (`conv_patches`, the values of
+  `jax.lax.conv_general_dilated_patches` by strided slices), the
   positions the output's batch and spatial axes. With $G$ groups each group is its own layer
   over its own channels.
 

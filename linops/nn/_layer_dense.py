@@ -67,9 +67,10 @@ def dense_chunk(plan, batch_size) -> int:
     return max(1, min(batch_size, _BUDGET // widest))
 
 
-def layer_dense_ggn(plan, likelihood, inputs, targets, chunk, mesh, axis, progress=None):
+def layer_dense_ggn(plan, likelihood, inputs, targets, chunk, mesh, axis, progress=None, per_example=None):
     """The exact dense GGN (``P x P``, the leaf order of ``ravel``) of a `dense_only` plan, ``chunk`` examples
-    per batch."""
+    per batch. With ``per_example(f_n, y_n, lik_n)`` (``lik_n`` None unless the likelihood is per example):
+    ``(GGN, its sum over the examples)``, from the outputs of the same forward pass."""
     layers, tapped, leaves, _ = plan
     pieces, n_in, n_out, pairs = _pairs(plan)
     sizes = [int(np.size(leaf)) for leaf in leaves]
@@ -81,11 +82,12 @@ def layer_dense_ggn(plan, likelihood, inputs, targets, chunk, mesh, axis, progre
         A = (likelihood if lik_n is None else lik_n).hessian_factor(f_n, y)  # (K, O)
         grads, _ = jax.vmap(vjp)(A)
         return ([jax.vmap(L.grads)(g)[:, 0, :, 0] for L, g in zip(layers, grads, strict=True)],  # (K, out)
-                [L.acts(a)[0, :, 0] for L, a in zip(layers, acts, strict=True)])  # (in,)
+                [L.acts(a)[0, :, 0] for L, a in zip(layers, acts, strict=True)],  # (in,)
+                None if per_example is None else per_example(f_n, y, lik_n))
 
     def batch(data):
         xb, yb, lb = data
-        gs, acts = jax.vmap(example, in_axes=(0, 0, 0 if lb is not None else None))(xb, yb, lb)
+        gs, acts, terms = jax.vmap(example, in_axes=(0, 0, 0 if lb is not None else None))(xb, yb, lb)
         b = jax.tree_util.tree_leaves(xb)[0].shape[0]
         ones = jnp.ones((b, 1), gs[0].dtype)
         a = [ones if bias else acts[k] for k, bias in pieces]
@@ -94,10 +96,10 @@ def layer_dense_ggn(plan, likelihood, inputs, targets, chunk, mesh, axis, progre
             B = jnp.einsum("bko,bkp->bop", gs[pieces[s][0]], gs[pieces[t][0]])  # (b, out_s, out_t)
             D = (B[:, :, :, None] * a[s][:, None, None, :]).reshape(b, -1)  # (b, out_s out_t in_s)
             blocks.append(D.T @ a[t])  # (out_s out_t in_s, in_t)
-        return blocks
+        return blocks, jax.tree_util.tree_map(lambda v: jnp.sum(v, axis=0), terms)
 
     lik = likelihood if likelihood.per_example else None
-    blocks = sharded_sum(batch, (inputs, targets, lik), chunk, mesh, axis, progress)
+    blocks, sums = sharded_sum(batch, (inputs, targets, lik), chunk, mesh, axis, progress)
     rows = [[None] * len(leaves) for _ in leaves]
     for (s, t), M in zip(pairs, blocks, strict=True):
         (ls, bs), (lt, bt) = pieces[s], pieces[t]
@@ -105,4 +107,5 @@ def layer_dense_ggn(plan, likelihood, inputs, targets, chunk, mesh, axis, progre
         perm = _axes(layers[ls], bs, 0, 2) + _axes(layers[lt], bt, 1, 3)
         M = jnp.transpose(M, perm).reshape(sizes[s], sizes[t])
         rows[s][t], rows[t][s] = M, M.T
-    return jnp.block(rows).astype(jnp.result_type(*leaves))
+    G = jnp.block(rows).astype(jnp.result_type(*leaves))
+    return G if per_example is None else (G, sums)

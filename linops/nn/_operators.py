@@ -297,6 +297,12 @@ class GGNOp(_LikelihoodOperator):
         Kronecker blocks per pair of leaves (`linops.nn._layer_dense`): $NP^2$ flops. Refused
         before any work when the ``P x P`` result would not fit in memory.
         """
+        return self._as_matrix()
+
+    def _as_matrix(self, per_example=None):
+        """`as_matrix`; with ``per_example(f_n, y_n, lik_n)`` (`posteriors.laplace` sums the evidence's data terms
+        with it): ``(G, its sum over the examples)``, the sum from the outputs of the same pass where the
+        Kronecker blocks run, None otherwise."""
         from linops.memory import check_fits
 
         P, K = self.num_params, self.num_outputs
@@ -310,7 +316,9 @@ class GGNOp(_LikelihoodOperator):
             # Kronecker blocks: K times fewer flops than the rows, and no more batches each adding a P x P sum
             # (wide layers, out > K, would need smaller batches: then the rows)
             return layer_dense_ggn(plan, self.likelihood, self.inputs, self.targets, block_chunk, self.mesh,
-                                   self.axis, self.progress)
+                                   self.axis, self.progress, per_example)
+        if per_example is not None:
+            return self._as_matrix(), None
         lik, axis = self._lik_axis()
 
         def example(x, y, lik_n):  # (K, P): the rows of A_n J_n, from the one forward pass of the VJP

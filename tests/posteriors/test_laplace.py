@@ -105,6 +105,36 @@ def test_last_layer_is_bayesian_linear_regression_on_the_features():
     assert_close(pst.predictive.linearized(post, T)[1][:, 0], np.einsum("ij,jk,ik->i", phi, cov, phi), rtol=1e-9)
 
 
+def test_a_multi_output_last_layer_sums_the_evidence_data_terms_in_its_own_pass(monkeypatch):
+    """Two outputs on shared features, each the exact Bayesian linear regression posterior mean: the evidence is
+    the sum of the two closed-form evidences. Its data terms (loss, residual sums of squares) come from the
+    last layer's own pass over the data (the Kronecker blocks' forward pass): a separate forward pass over the
+    data is never made (it would raise here)."""
+    X, y = _data()
+    y2 = np.stack([y, 0.5 * y[::-1] - 1.0], axis=1)
+    rng = np.random.default_rng(2)
+    W1 = jnp.asarray(rng.standard_normal((4, 3)))
+    features = np.tanh(X @ np.asarray(W1).T)
+    fits = [_blr(features, y2[:, o]) for o in range(2)]
+    last = {"W": jnp.concatenate([f[0]["W"] for f in fits]), "b": jnp.concatenate([f[0]["b"] for f in fits])}
+    params = {"first": {"W": W1}, "last": last}
+
+    def fn(p, x):
+        return _dense(p["last"], jnp.tanh(p["first"]["W"] @ x))
+
+    def no_forward_pass(*args):
+        raise AssertionError("the evidence's data terms took a forward pass of their own")
+
+    from posteriors import laplace_family
+
+    monkeypatch.setattr(laplace_family, "_data_terms", no_forward_pass)
+    post = pst.laplace(fn, params, (jnp.asarray(X), jnp.asarray(y2)), Gaussian(SIGMA), structure="last_layer",
+                       prior_precision=ALPHA, batch_size=16)
+    out = np.tanh(X @ np.asarray(W1).T) @ np.asarray(last["W"]).T + np.asarray(last["b"])
+    assert_close(post.residual_ss, np.sum((y2 - out) ** 2, axis=0), rtol=1e-9)
+    assert_close(pst.marginal_log_likelihood(post), fits[0][2] + fits[1][2], rtol=1e-9)
+
+
 def test_low_rank_keeps_the_top_eigenpairs_and_never_forms_p_by_p():
     X, y = _data()
     params, _, _, Phi = _blr(X, y)
