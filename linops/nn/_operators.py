@@ -317,8 +317,6 @@ class GGNOp(_LikelihoodOperator):
             # (wide layers, out > K, would need smaller batches: then the rows)
             return layer_dense_ggn(plan, self.likelihood, self.inputs, self.targets, block_chunk, self.mesh,
                                    self.axis, self.progress, per_example)
-        if per_example is not None:
-            return self._as_matrix(), None
         lik, axis = self._lik_axis()
 
         def example(x, y, lik_n):  # (K, P): the rows of A_n J_n, from the one forward pass of the VJP
@@ -331,7 +329,8 @@ class GGNOp(_LikelihoodOperator):
             rows = jax.vmap(example, in_axes=(0, 0, axis))(xb, yb, lb if axis == 0 else None).reshape(-1, P)
             return rows.T @ rows
 
-        return self._sum(batch, self._data(), chunk, self.progress)
+        G = self._sum(batch, self._data(), chunk, self.progress)
+        return G if per_example is None else (G, None)
 
     def _diag(self):
         # The dense and convolutional layers found in fn's program get their blocks by per-layer rules (no
