@@ -30,9 +30,9 @@ import numpy as np
 from jax import lax
 
 from linops._base import LinearOperator, describe
-from linops._progress import check_label, finish_after, tick
 from linops._structured import LowRank
 from linops._tags import symmetric
+from linops.runtime._progress import check_label, finish_after, tick
 
 
 class Lanczos(eqx.Module):

@@ -25,10 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linops._batching import batched_map
-from linops._compile import program
-from linops.nn._kfac_layers import tapped_vjp
-from linops.nn._kfac_layers import trace_layers as _trace
+from linops.nn.layers import tapped_vjp
+from linops.nn.layers import trace_layers as _trace
+from linops.runtime import batched_map, program
 
 
 def _variances(fn, params, inputs, batch, weight_term, leaf_variance, progress=None):

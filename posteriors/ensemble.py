@@ -30,12 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import linops as lo
-from linops._batching import batched_map
-from linops._compile import program
-from linops._conv_layout import _has_conv
-from linops._progress import tick
 from linops.likelihoods import Gaussian, Likelihood
 from linops.models import canonical_convolutions, ravel
+from linops.runtime import batched_map, has_conv, program, tick
 from posteriors._checks import check_data, check_likelihood, check_params
 from posteriors._training import check_step_settings, minibatch_loss, positive_int
 
@@ -249,7 +246,7 @@ def _members_in_turn(loss, theta, batch_size) -> bool:
     if jax.default_backend() != "cpu":
         return False
     program = jax.make_jaxpr(jax.grad(loss))(theta, jnp.arange(batch_size)).jaxpr
-    return _has_conv(program)
+    return has_conv(program)
 
 
 __all__ = ["DeepEnsemble", "deep_ensemble"]

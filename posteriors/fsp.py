@@ -39,11 +39,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import linops as lo
-from linops._compile import program
-from linops._progress import tick
 from linops.kernels import Independent, Kernel
 from linops.likelihoods import Likelihood
 from linops.models import ravel
+from linops.runtime import program, tick
 from posteriors._checks import check_data, check_finite, check_likelihood, check_params
 from posteriors.gaussian import LowRankPosterior
 

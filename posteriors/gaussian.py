@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 
 import linops as lo
-from linops._compile import program
 from linops.models import example_spec, ravel
+from linops.runtime import program
 
 
 @program

@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import linops as lo
-from linops._compile import program
 from linops.likelihoods import Gaussian, Likelihood
 from linops.models import example_spec, restrict, unravel_of
+from linops.runtime import program
 from posteriors import _structures as S
 from posteriors._checks import check_data, check_likelihood, check_params
 from posteriors.gaussian import GaussianPosterior

@@ -18,9 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linops._compile import program
-from linops._progress import new_bar, tick
 from linops.models import unravel_of
+from linops.runtime import new_bar, program, tick
 from posteriors.laplace_family import LaplacePosterior, _canonical_prior, _check_sigma, _noise_scale, gaussian_loss
 
 

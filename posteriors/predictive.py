@@ -24,11 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linops._batching import batched_map
-from linops._compile import program
 from linops.likelihoods import Bernoulli, Categorical, Gaussian
 from linops.memory import check_fits
 from linops.models import ravel, unravel_of
+from linops.runtime import batched_map, program
 from posteriors._layer_predictive import diag_variances, kfac_variances
 from posteriors.ensemble import DeepEnsemble
 from posteriors.gaussian import GaussianPosterior, LowRankPosterior

@@ -35,10 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import linops as lo
-from linops._compile import program
 from linops.likelihoods import Likelihood
 from linops.memory import check_fits, format_bytes
 from linops.models import check_indices, ravel, restrict
+from linops.runtime import program
 from posteriors import _structures as S
 from posteriors._checks import check_data, check_likelihood, check_params
 from posteriors.laplace_family import LaplacePosterior, _canonical_prior, last_layer_leaves, make_posterior

@@ -39,10 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import linops as lo
-from linops._compile import program
-from linops._progress import tick
 from linops.likelihoods import Likelihood
 from linops.models import canonical_convolutions, ravel
+from linops.runtime import program, tick
 from posteriors._checks import check_data, check_likelihood, check_params
 from posteriors._training import check_step_settings, minibatch_loss, positive_int
 from posteriors.gaussian import GaussianPosterior

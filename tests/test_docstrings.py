@@ -12,6 +12,8 @@ import linops.kernels
 import linops.likelihoods
 import linops.memory
 import linops.models
+import linops.nn.layers
+import linops.runtime
 import linops.testing
 import linops.testing.strategies
 import posteriors
@@ -41,7 +43,7 @@ def test_every_public_name_has_a_runnable_example():
     missing = []
     objects = _public(lo) + _public(linops.testing) + _public(linops.testing.strategies)
     objects += _public(linops.likelihoods) + _public(linops.models) + _public(linops.memory)
-    objects += _public(linops.kernels)
+    objects += _public(linops.kernels) + _public(linops.nn.layers) + _public(linops.runtime)
     objects += _public(posteriors) + _public(posteriors.predictive) + _public(posteriors.subnetwork)
     objects += _public(posteriors.metrics) + _public(posteriors.data) + _public(posteriors.cli)
     for name, obj in objects:
@@ -58,7 +60,7 @@ def test_every_public_name_has_a_runnable_example():
 _EXAMPLE_IN_MODULE_DOC = {
     "Sum", "Product", "Scaled", "Transpose", "Inverse", "Lowered", "Solution", "Estimate",
     "NoReduction", "Case", "Likelihood", "Projection", "ProjectedPosterior", "Lanczos", "GPFit",
-    "GaussianPosterior", "FSPInfo", "FSPLaplacePosterior", "LaplacePosterior", "KFAC", "Subnetwork",
+    "GaussianPosterior", "FSPInfo", "FSPLaplacePosterior", "LaplacePosterior", "KFAC", "Subnetwork", "Layer",
 }
 
 

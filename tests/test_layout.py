@@ -112,3 +112,46 @@ def test_the_laplace_code_of_posteriors_writes_no_factorisation(name):
             if any(p in dotted for p in ("linalg.", "scipy.linalg", "jsl.")):
                 calls.append(dotted)
     assert not calls
+
+
+POSTERIORS = ROOT / "posteriors"
+
+
+def _private_linops_imports(source: str) -> list[str]:
+    """The private linops modules and names ``source`` imports: a dotted path with a part that starts with an
+    underscore (``linops._batching``, ``linops.nn._kfac``) or a private name taken from linops
+    (``from linops import _tags``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "linops":
+            paths = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            found += [p for p in paths if any(part.startswith("_") for part in p.split("."))][:1]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names
+                      if a.name.split(".")[0] == "linops" and any(p.startswith("_") for p in a.name.split("."))]
+    return found
+
+
+def test_the_private_import_check_finds_planted_ones():
+    planted = "from linops._batching import batched_map\nimport linops.nn._kfac\nfrom linops import _tags\n"
+    assert _private_linops_imports(planted) == ["linops._batching", "linops.nn._kfac", "linops._tags"]
+    clean = "import linops as lo\nfrom linops.runtime import program\nfrom linops.nn.layers import trace_layers\n"
+    assert _private_linops_imports(clean) == []
+    assert _private_linops_imports("from ._checks import check_data\nimport jax._src\n") == []
+
+
+@pytest.mark.parametrize("path", sorted(POSTERIORS.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_posteriors_use_linops_public_names_only(path):
+    """posteriors builds on linops as a user would: `linops.runtime` for compiling, batching and progress,
+    `linops.nn.layers` for per-layer rules; never a private module."""
+    assert _private_linops_imports(path.read_text()) == []
+
+
+def test_the_runtime_is_the_bottom_layer():
+    """`linops.runtime` (compiling, streaming over examples, progress bars) imports no other part of linops."""
+    modules = _modules(LINOPS)
+    runtime = {name: _imports(name, path, modules) for name, path in modules.items()
+               if name.startswith("linops.runtime")}
+    assert runtime, "linops.runtime not found"
+    assert not {m: sorted(d for d in deps if not d.startswith("linops.runtime")) for m, deps in runtime.items()
+                if any(not d.startswith("linops.runtime") for d in deps)}

@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from linops._compile import program
-from linops._progress import tick
 from linops.kernels._base import Kernel, _check_inputs, _outputs, _positive
 from linops.kernels._multioutput import Coregionalized
 from linops.memory import check_fits
+from linops.runtime._compile import program
+from linops.runtime._progress import tick
 
 
 class GPFit(eqx.Module):

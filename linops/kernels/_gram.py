@@ -10,9 +10,9 @@ from jax import lax
 
 from linops import _tags
 from linops._base import LinearOperator
-from linops._batching import check_mesh, leaf_specs
 from linops.kernels._base import Kernel, _check_inputs
 from linops.memory import check_fits
+from linops.runtime._batching import check_mesh, leaf_specs
 
 
 class KernelGramOp(LinearOperator):

@@ -11,11 +11,11 @@ Examples:
     (True, True)
 """
 
-from linops.nn import likelihoods, models
+from linops.nn import layers, likelihoods, models
 from linops.nn._alternating import AlternatingProjectionOp, Projection
 from linops.nn._kfac import KFAC, FoundLayer, find_layers, kfac
 from linops.nn._operators import GGNOp, JacobianOp, LossJacobianOp
 from linops.nn._streaming import StreamingGGNOp
 
 __all__ = ["AlternatingProjectionOp", "FoundLayer", "GGNOp", "JacobianOp", "KFAC", "LossJacobianOp", "Projection",
-           "StreamingGGNOp", "find_layers", "kfac", "likelihoods", "models"]
+           "StreamingGGNOp", "find_layers", "kfac", "layers", "likelihoods", "models"]

@@ -25,12 +25,13 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from linops import _progress, _tags
+from linops import _tags
 from linops._base import LinearOperator, describe
 from linops._cg import cg
 from linops.nn import _sweeps
 from linops.nn._rowblocks import RowBlocks
 from linops.nn._rowsources import jacobian_rows, loss_jacobian_rows, matrix_rows
+from linops.runtime import _progress
 
 
 class Projection(eqx.Module):
@@ -341,7 +342,7 @@ FEW_FREE_DIRECTIONS = 0.5
 
 
 class _Progress:
-    """A progress bar per projection (`linops._progress`), advanced at every sweep and closed with the outcome."""
+    """A progress bar per projection (`linops.runtime.tick`), advanced at every sweep and closed with the outcome."""
 
     def __init__(self, columns, method, max_sweeps):
         what = f"{columns} vectors" if columns > 1 else "1 vector"

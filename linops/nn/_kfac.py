@@ -1,6 +1,6 @@
 r"""Kronecker-factored curvature (KFAC) of the GGN for the dense and convolutional layers of any per-example model.
 
-The layers are found in the model's traced program (`linops.nn._kfac_layers`): a product
+The layers are found in the model's traced program (`linops.nn.layers`): a product
 $s_r = W a_r$ of a parameter leaf with an activation over $R$ shared positions (tokens, pixels;
 $R = 1$ for a dense layer on a vector), a convolution being a dense layer on its input's
 patches. One forward pass gives every $a_{n,r}$, and one vector-Jacobian product per row of the
@@ -34,13 +34,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linops._batching import check_mesh, num_examples, sharded_sum
-from linops._progress import check_label
 from linops.memory import check_fits
-from linops.nn._kfac_layers import tapped_vjp
-from linops.nn._kfac_layers import trace_layers as _trace
 from linops.nn._operators import _check_batch_size, _check_likelihood, _check_model
+from linops.nn.layers import tapped_vjp
+from linops.nn.layers import trace_layers as _trace
 from linops.nn.likelihoods import Likelihood
+from linops.runtime._batching import check_mesh, num_examples, sharded_sum
+from linops.runtime._progress import check_label
 
 APPROXIMATIONS = ("expand", "reduce")
 

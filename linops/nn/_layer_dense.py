@@ -1,7 +1,7 @@
 r"""The dense GGN of a model whose every parameter sits in a dense layer on a vector, by Kronecker blocks.
 
 For such a layer $s = W a$ (one position) the rows of $A_n J_n$ with respect to $W$ are
-$g_{n,k} \otimes a_n$ ($g_{n,k}$ row $k$'s gradient at the layer's output, `linops.nn._kfac_layers`),
+$g_{n,k} \otimes a_n$ ($g_{n,k}$ row $k$'s gradient at the layer's output, `linops.nn.layers`),
 and a bias's are $g_{n,k}$ (its activation is the constant 1). The GGN block of leaves $i, j$ is then
 exactly
 
@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linops._batching import sharded_sum
-from linops.nn._kfac_layers import tapped_vjp
+from linops.nn.layers import tapped_vjp
+from linops.runtime._batching import sharded_sum
 
 _BUDGET = 1 << 25  # numbers of one pair's per-example terms held at once per batch
 

@@ -2,7 +2,7 @@ r"""The exact GGN diagonal per recognised layer, without per-example gradients o
 
 Example $n$ adds $\sum_k (\partial (A_n f_n)_k / \partial\theta)^2$ to the diagonal ($A_n$ the
 likelihood's Hessian factor, $K$ rows). For a layer $s_r = W a_r$ found in the model's program
-(`linops.nn._kfac_layers`), the gradient of row $k$ with respect to $W$ is
+(`linops.nn.layers`), the gradient of row $k$ with respect to $W$ is
 $\sum_r g_{n,r,k}\, a_{n,r}^\top$, with $g_{n,r,k}$ the row's gradient at the layer's output
 (one reverse pass to the layer outputs, not to the weights). So:
 
@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from linops._batching import sharded_sum
-from linops.nn._kfac_layers import tapped_vjp, trace_layers
+from linops.nn.layers import tapped_vjp, trace_layers
+from linops.runtime._batching import sharded_sum
 
 _BUDGET = 1 << 25  # numbers held at once per batch (128 MB in float32)
 

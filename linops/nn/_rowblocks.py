@@ -40,11 +40,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from linops._batching import check_mesh, leaf_specs
-from linops._conv_layout import canonical_convolutions
 from linops._projector import gram_factor
 from linops.memory import MemoryBudgetError, available_bytes, check_fits
 from linops.nn._rowsources import RowSource
+from linops.runtime._batching import check_mesh, leaf_specs
+from linops.runtime._conv_layout import canonical_convolutions
 
 _WHO = "AlternatingProjectionOp"
 _ROWS = "rows"  # the recipe of row storage (else a linearisation's recipe, or None: recomputed)

@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from linops._batching import leaf_specs
-from linops._conv_layout import canonical_convolutions
+from linops.runtime._batching import leaf_specs
+from linops.runtime._conv_layout import canonical_convolutions
 
 
 def scan(blocks, t, batches, reverse=False):

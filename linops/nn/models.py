@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from linops._conv_layout import canonical_convolutions
+from linops.runtime._conv_layout import canonical_convolutions
 
 
 class Unravel:

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from linops._progress import update
 from linops.models import canonical_convolutions, ravel
+from linops.runtime import update
 from posteriors.experiments.methods import LABELS, METHODS  # noqa: F401  (re-exported to the experiments)
 
 
@@ -37,7 +37,7 @@ class Log:
             print(f"[{time.perf_counter() - self.start:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
     def bar(self, label: str, done: int, total: int, extra: str = "") -> None:
-        """The progress bar ``label`` at ``done`` of ``total`` steps (`linops._progress`: tqdm, in place on a
+        """The progress bar ``label`` at ``done`` of ``total`` steps (`linops.runtime.update`: tqdm, in place on a
         terminal and in notebooks, a few lines in a log), ``extra`` beside it; closed at ``total``."""
         if not self.quiet:
             update(f"  {label}", "step", done, total, extra)

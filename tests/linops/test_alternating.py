@@ -169,14 +169,14 @@ def test_plain_sweeps_decay_at_least_at_the_kayalar_weinert_rate():
 def test_progress_bar_ends_at_the_sweeps_run_with_the_outcome(capsys, monkeypatch):
     """A bar per projection: it ends where the projection stopped (sweeps / sweeps), with its outcome and
     residual; with the bar's usual delay a projection this quick prints nothing."""
-    import linops._progress
+    import linops.runtime._progress
 
     params, X, _, null, x = _setup(12, 8)
     A = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3, rtol=1e-10, progress=True)
     _project(A, x)
     jax.effects_barrier()
     assert capsys.readouterr().err == ""  # under two seconds: silent
-    monkeypatch.setattr(linops._progress, "DELAY", 0.0)
+    monkeypatch.setattr(linops.runtime._progress, "DELAY", 0.0)
     r = _project(A, x)
     jax.effects_barrier()
     err = capsys.readouterr().err
@@ -188,9 +188,9 @@ def test_progress_bar_ends_at_the_sweeps_run_with_the_outcome(capsys, monkeypatc
 
 def test_progress_bar_of_a_projection_stopped_at_its_cap_says_not_converged(capsys, monkeypatch):
     """A projection that runs into max_sweeps ends its bar with the outcome, not a silent full bar."""
-    import linops._progress
+    import linops.runtime._progress
 
-    monkeypatch.setattr(linops._progress, "DELAY", 0.0)
+    monkeypatch.setattr(linops.runtime._progress, "DELAY", 0.0)
     params, X, _, _, x = _setup(12, 8)
     A = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3, method="plain", max_sweeps=3,
                                                  rtol=1e-12, progress=True)
@@ -201,9 +201,9 @@ def test_progress_bar_of_a_projection_stopped_at_its_cap_says_not_converged(caps
 
 
 def test_progress_is_one_bar_per_projection(capsys, monkeypatch):
-    import linops._progress
+    import linops.runtime._progress
 
-    monkeypatch.setattr(linops._progress, "DELAY", 0.0)
+    monkeypatch.setattr(linops.runtime._progress, "DELAY", 0.0)
     params, X, _, null, _ = _setup(12, 8)
     A = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3, rtol=1e-10, progress=True)
     V = jnp.asarray(np.random.default_rng(3).standard_normal((A.size, 5)))
@@ -221,7 +221,7 @@ def test_progress_writes_to_a_stand_in_stderr_without_isatty(monkeypatch):
     writes its outcome to it (CI's MNIST benchmark records the progress lines with such a stream)."""
     import sys
 
-    import linops._progress
+    import linops.runtime._progress
 
     class Lines:
         def __init__(self):
@@ -234,7 +234,7 @@ def test_progress_writes_to_a_stand_in_stderr_without_isatty(monkeypatch):
             pass
 
     stream = Lines()
-    monkeypatch.setattr(linops._progress, "DELAY", 0.0)
+    monkeypatch.setattr(linops.runtime._progress, "DELAY", 0.0)
     monkeypatch.setattr(sys, "stderr", stream)
     params, X, _, _, x = _setup(12, 8)
     A = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3, rtol=1e-10, progress=True)

@@ -149,7 +149,7 @@ def test_first_max_pool_is_xla_max_pool_with_its_derivative():
     """`first_max_pool` (the rewrite of non-overlapping max-pools in the tapped program) against
     ``reduce_window`` max: values, reverse and forward derivatives, with tied maxima (the derivative goes to
     the first in row-major order), a -inf, and a remainder that pooling drops."""
-    from linops.nn._kfac_layers import first_max_pool
+    from linops.nn.layers import first_max_pool
 
     x = jax.random.normal(jax.random.key(0), (3, 7, 9), jnp.float64)
     x = x.at[0, :4, :4].set(2.0).at[1, 1, 1].set(-jnp.inf).at[2, 2:4, 2:4].set(jnp.array([[1.0, 3.0], [3.0, 3.0]]))
@@ -167,7 +167,7 @@ def test_first_max_pool_is_xla_max_pool_with_its_derivative():
 
 
 def test_non_overlapping_max_pools_are_rewritten_and_overlapping_ones_are_not():
-    from linops.nn._kfac_layers import trace_layers
+    from linops.nn.layers import trace_layers
 
     for model, x, expected in ((_PooledCNN(jax.random.key(0)), jnp.ones((1, 9, 7)), 0),
                                (_CNN(1, jax.random.key(0)), jnp.ones((2, 8, 6)), 1)):
@@ -190,7 +190,7 @@ def test_conv_patches_are_jax_patches(spec, shape, filter_shape, strides, paddin
     """`conv_patches` (strided slices) against `jax.lax.conv_general_dilated_patches` (an identity-kernel
     convolution): the same values in the same feature order, for every layout, stride, padding (negative
     too), input and kernel dilation; and its reverse derivative."""
-    from linops.nn._kfac_layers import conv_patches
+    from linops.nn.layers import conv_patches
 
     x = jax.random.normal(jax.random.key(0), shape, jnp.float64)
     rhs_shape = tuple(1 if c in "OI" else filter_shape["HW".index(c)] for c in spec[1])

@@ -274,9 +274,9 @@ def test_flax_nnx_adapter():
 
 
 def test_streaming_ggn_equals_the_in_memory_one(capsys, monkeypatch):
-    import linops._progress
+    import linops.runtime._progress
 
-    monkeypatch.setattr(linops._progress, "DELAY", 0.0)
+    monkeypatch.setattr(linops.runtime._progress, "DELAY", 0.0)
     rng = np.random.default_rng(19)
     fn, params, X = _mlp(2, jnp.tanh), _params(20, 2), _inputs(21)
     y = jnp.asarray(rng.integers(0, O, N))

@@ -214,10 +214,10 @@ def test_a_first_cnn_fit_and_predictive_compile_one_program_each_and_a_refit_non
 
 
 def test_a_jaxlib_that_refuses_the_compile_option_gets_the_plain_program(monkeypatch):
-    """`linops._compile.program` asks XLA for an option of its CPU back end; a jaxlib without it refuses the
+    """`linops.runtime.program` asks XLA for an option of its CPU back end; a jaxlib without it refuses the
     compilation (``No such compile option``), and the call then runs the plain program, once refused never
     asking again."""
-    from linops import _compile
+    from linops.runtime import _compile
 
     monkeypatch.setattr(_compile, "_known", [True])
     monkeypatch.setattr(_compile, "COMPILER_OPTIONS", {"xla_an_option_no_jaxlib_has": False})

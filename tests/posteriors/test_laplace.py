@@ -485,7 +485,7 @@ def test_kfac_of_a_multi_output_linear_gaussian_model_is_exact_in_row_major_orde
 def test_fit_shows_a_progress_bar_over_the_batches_that_can_be_silenced(capsys, monkeypatch):
     """``laplace(..., progress=True)`` (the default) draws one bar per fit over the data's batches, ending at
     their count; ``progress=False`` draws none, and a fit quicker than the bar's delay prints nothing."""
-    import linops._progress
+    import linops.runtime._progress
     from linops.models import from_equinox
 
     X = jax.random.normal(jax.random.key(0), (100, 4))
@@ -495,7 +495,7 @@ def test_fit_shows_a_progress_bar_over_the_batches_that_can_be_silenced(capsys, 
     fit("diag")
     jax.effects_barrier()
     assert capsys.readouterr().err == ""  # quicker than the delay
-    monkeypatch.setattr(linops._progress, "DELAY", 0.0)
+    monkeypatch.setattr(linops.runtime._progress, "DELAY", 0.0)
     for structure in ("full", "diag", "kfac", "last_layer"):
         fit(structure)
         jax.effects_barrier()
@@ -515,11 +515,11 @@ def test_fit_shows_a_progress_bar_over_the_batches_that_can_be_silenced(capsys, 
 def test_low_rank_fsp_and_gp_fits_show_progress_bars(capsys, monkeypatch):
     """The low-rank fit's bar counts Lanczos steps and ends at the steps run; FSP-Laplace's its four stages;
     fit_gp's Adam's steps, SWAG's SGD steps, the subnetwork GGN's batches; progress=False silences each."""
-    import linops._progress
+    import linops.runtime._progress
     from linops.kernels import RBF, fit_gp
     from linops.models import from_equinox
 
-    monkeypatch.setattr(linops._progress, "DELAY", 0.0)
+    monkeypatch.setattr(linops.runtime._progress, "DELAY", 0.0)
     X = jax.random.normal(jax.random.key(0), (40, 2))
     y = (X[:, 0] > 0).astype(jnp.int32)
     fn, params = from_equinox(eqx.nn.MLP(2, 2, 6, 1, key=jax.random.key(1)))

@@ -2,7 +2,7 @@ r"""Convolutions inside loops in the layout XLA's CPU backend runs fast.
 
 XLA's CPU compiler moves a convolution into its fast layout (batch first, features last, kernel
 ``spatial..., in, out``) only in a program's top level. Inside a loop body (the batches of
-`linops._batching`, a Lanczos or CG iteration) a convolution in any other layout, such as the
+`linops.runtime.batched_map`, a Lanczos or CG iteration) a convolution in any other layout, such as the
 ``NCHW`` of Equinox and PyTorch-style models and the transposed convolutions of every reverse pass,
 is compiled as a naive loop nest: measured 9 times slower for one 5x5 convolution of 128 images,
 and 2.3 times slower for a whole LeNet-5 forward pass, than the same program unrolled.
@@ -25,10 +25,20 @@ from jax import lax
 _CONV = "conv_general_dilated"
 
 
-def _has_conv(jaxpr) -> bool:
-    """Whether ``jaxpr`` (a `Jaxpr`) or one nested in it has a convolution."""
+def has_conv(jaxpr) -> bool:
+    """Whether ``jaxpr`` (a `Jaxpr`) or one nested in it (a loop body, a branch, a nested jit) has a convolution.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from linops.runtime import has_conv
+        >>> conv = lambda x: jax.lax.conv(x, jnp.ones((1, 1, 3, 3)), (1, 1), "SAME")
+        >>> has_conv(jax.make_jaxpr(conv)(jnp.ones((1, 1, 8, 8))).jaxpr)
+        True
+        >>> has_conv(jax.make_jaxpr(jnp.sin)(1.0).jaxpr)
+        False
+    """
     return (any(eqn.primitive.name == _CONV for eqn in jaxpr.eqns)
-            or any(_has_conv(sub) for sub in jex.core.subjaxprs(jaxpr)))
+            or any(has_conv(sub) for sub in jex.core.subjaxprs(jaxpr)))
 
 
 def _conv_canonical(lhs, rhs, *, dimension_numbers, **params):
@@ -52,7 +62,7 @@ def _conv_canonical(lhs, rhs, *, dimension_numbers, **params):
 
 def _rewrite_closed(closed):
     """A `ClosedJaxpr` with its convolutions in the fast layout (the same input and output types)."""
-    if not _has_conv(closed.jaxpr):
+    if not has_conv(closed.jaxpr):
         return closed
     avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
              for v in closed.jaxpr.invars]
@@ -99,7 +109,7 @@ def _eval(jaxpr, consts, args):
 
 
 def _eqn_has_conv(eqn) -> bool:
-    return any(_has_conv(sub) for sub in jex.core.jaxprs_in_params(eqn.params))
+    return any(has_conv(sub) for sub in jex.core.jaxprs_in_params(eqn.params))
 
 
 def canonical_convolutions(fn):
@@ -109,7 +119,7 @@ def canonical_convolutions(fn):
 
     Examples:
         >>> import jax, jax.numpy as jnp
-        >>> from linops._conv_layout import canonical_convolutions
+        >>> from linops.models import canonical_convolutions
         >>> w = jnp.ones((4, 3, 2, 2))                        # OIHW
         >>> f = lambda x: jax.lax.conv_general_dilated(x, w, (1, 1), "VALID")   # NCHW
         >>> x = jnp.arange(2 * 3 * 5 * 5.0).reshape(2, 3, 5, 5)
@@ -123,7 +133,7 @@ def canonical_convolutions(fn):
             return fn(*args)
         closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
         leaves = jax.tree_util.tree_leaves(args)
-        if _has_conv(closed.jaxpr):
+        if has_conv(closed.jaxpr):
             out = _eval(closed.jaxpr, closed.consts, leaves)
         else:  # the program as traced (not fn traced again)
             out = jex.core.jaxpr_as_fun(closed)(*leaves)

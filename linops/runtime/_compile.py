@@ -25,7 +25,21 @@ _known = [True]  # whether this jaxlib accepts COMPILER_OPTIONS (a fact about th
 
 
 def program(fn=None, **jitkwargs):
-    """``equinox.filter_jit(fn, **jitkwargs)`` compiled with `COMPILER_OPTIONS` (usable as a decorator)."""
+    """``equinox.filter_jit(fn, **jitkwargs)`` compiled with `COMPILER_OPTIONS` (usable as a decorator).
+
+    Arrays are traced and everything else is static, as with `equinox.filter_jit`: operators of one
+    structure and shape share the compiled program. Inside another trace it is the plain
+    `equinox.filter_jit` (the outermost program's options apply).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from linops.runtime import program
+        >>> @program
+        ... def energy(x, scale=2.0):
+        ...     return scale * jnp.vdot(x, x)
+        >>> energy(jnp.arange(3.0)), energy(jnp.ones(3), scale=0.5)
+        (Array(10., dtype=float32), Array(1.5, dtype=float32))
+    """
     if fn is None:
         return functools.partial(program, **jitkwargs)
     fast = eqx.filter_jit(fn, compiler_options=COMPILER_OPTIONS, **jitkwargs)

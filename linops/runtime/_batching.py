@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from linops._conv_layout import canonical_convolutions
-from linops._progress import tick
+from linops.runtime._conv_layout import canonical_convolutions
+from linops.runtime._progress import tick
 
 
 def num_examples(data) -> int:
@@ -29,7 +29,18 @@ def _split(data, batch_size):
 
 def batched_sum(fn, data, batch_size: int, progress: str | None = None):
     """``sum(fn(batch) for batch in batches(data))`` with `lax.scan`, remainder included; ``progress``: the
-    label of a progress bar over the batches (`linops._progress`), or None."""
+    label of a progress bar over the batches (`tick`), or None.
+
+    ``data`` is a pytree of arrays with the examples on their first axis; ``fn`` maps a batch of it to a
+    pytree of arrays of fixed shapes. Memory is that of one batch.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from linops.runtime import batched_sum
+        >>> X, y = jnp.arange(10.0).reshape(5, 2), jnp.ones(5)
+        >>> batched_sum(lambda b: b[0].T @ b[1], (X, y), 2)   # X^T y over batches of 2, 2 and 1
+        Array([20., 25.], dtype=float32)
+    """
     fn = canonical_convolutions(fn)  # the loop body's convolutions in the CPU backend's fast layout
     full, head, tail = _split(data, batch_size)
     count = full + (tail is not None)
@@ -55,7 +66,14 @@ def batched_sum(fn, data, batch_size: int, progress: str | None = None):
 
 def batched_map(fn, data, batch_size: int, progress: str | None = None):
     """``concatenate([fn(batch) for batch in batches(data)])`` along the example axis; ``progress``: the
-    label of a progress bar over the batches, or None."""
+    label of a progress bar over the batches, or None.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from linops.runtime import batched_map
+        >>> batched_map(lambda b: 2 * b, jnp.arange(5.0), 2)   # batches of 2, 2 and 1
+        Array([0., 2., 4., 6., 8.], dtype=float32)
+    """
     fn = canonical_convolutions(fn)
     full, head, tail = _split(data, batch_size)
     count = full + (tail is not None)

@@ -29,7 +29,16 @@ def check_label(progress, who: str) -> None:
 
 
 def new_bar(desc: str, total: int | None, unit: str = "it"):
-    """A tqdm bar on stderr with this module's delay and redraw interval."""
+    """A tqdm bar on stderr with this module's delay and redraw interval (for a loop run on the host).
+
+    Examples:
+        >>> from linops.runtime import new_bar
+        >>> bar = new_bar("grid", 3, unit="value")    # drawn only once the loop has run 2 seconds
+        >>> for _ in range(3):
+        ...     _ = bar.update(1)
+        >>> bar.close(); bar.n
+        3
+    """
     from tqdm.auto import tqdm
 
     isatty = getattr(sys.stderr, "isatty", None)  # a stand-in stream (a logger, a recorder) may lack it
@@ -43,7 +52,13 @@ _BARS: dict = {}  # label -> the open bar of the operation running under that la
 
 def update(label, unit, done, total, note="", close_at_total=True):
     """On the host: the bar ``label`` stands at ``done`` of ``total`` (see `tick`); reaching ``total`` closes
-    it unless ``close_at_total`` is False (the operation then ends it with `finish`, and its outcome)."""
+    it unless ``close_at_total`` is False (the operation then ends it with `finish`, and its outcome).
+
+    Examples:
+        >>> from linops.runtime import update
+        >>> for step in range(1, 4):
+        ...     update("training", "step", step, 3, note=f"loss {1 / step:.2f}")   # the third step closes it
+    """
     done, total = int(done), int(total)
     bar = _BARS.get(label)
     if bar is None or done <= 1 or done < bar.n:  # a new run of the operation
@@ -87,6 +102,17 @@ def tick(label: str | None, done, total, unit: str = "it", note=None, after=None
     The label is all the state a compiled program holds (a string), so programs that tick compile once per
     label, like any other static option. A tick costs 50 to 160 microseconds on a CPU (an unordered host
     callback; inside a loop, the iterations keep the ticks in order).
+
+    Examples:
+        >>> import jax
+        >>> from linops.runtime import tick
+        >>> def doubling(x, label=None):
+        ...     def step(i, x):
+        ...         tick(label, i + 1, 3, unit="step", note=("x = {:.1f}".format, (x,)))
+        ...         return 2 * x
+        ...     return jax.lax.fori_loop(0, 3, step, x)
+        >>> jax.jit(doubling, static_argnames="label")(1.0, label="doubling")
+        Array(8., dtype=float32, weak_type=True)
     """
     if label is None:
         return
