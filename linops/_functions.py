@@ -128,7 +128,9 @@ def inv(A: LinearOperator, *, method: str | None = None, **options) -> LinearOpe
     is computed here, once (`linops.factorize`); every product then reuses it, so
     ``Ai = lo.inv(A); Ai @ (Ai @ v)`` factorises ``A`` once. Structures whose solve is already
     cheap (diagonal, Woodbury, eigen-decomposed) and ``method="cg"``/``"dense"`` (with ``options``
-    passed to `linops.solve` at each product) compute nothing until applied.
+    passed to `linops.solve` at each product) compute nothing until applied. An operator with
+    neither a factorisation nor a closed-form solve is refused here, when the inverse is built (choose
+    ``method="cg"`` or ``"dense"``), not at its first product.
     `linops.simplify` rewrites ``inv(A) @ A`` to the identity.
 
     Examples:
@@ -145,7 +147,26 @@ def inv(A: LinearOperator, *, method: str | None = None, **options) -> LinearOpe
     _check_method("inv", method, (None, "cg", "dense"))
     if method == "cg" and _tags.psd not in A.tags:
         raise ValueError(f"inv(method='cg'): {describe(A)} is not tagged psd")
-    return inverse_of(A, method, tuple(sorted(options.items())))
+    out = inverse_of(A, method, tuple(sorted(options.items())))
+    if method is None and getattr(out, "factored", True) is None and not _solves_in_closed_form(A):
+        raise ValueError(f"inv: {describe(A)} has no closed-form solve here; choose a method explicitly: method='cg' "
+                         "(A tagged psd) or method='dense'")
+    return out
+
+
+def _solves_in_closed_form(A: LinearOperator) -> bool:
+    """Whether ``A``'s solve has a closed form: its hook traced on an abstract vector, so nothing is computed."""
+    found = [True]
+
+    def probe(b):
+        x = A._solve(b)
+        if x is NotImplemented:
+            found[0] = False
+            return b
+        return x
+
+    jax.eval_shape(probe, jax.ShapeDtypeStruct((A.shape[1],), A.dtype))
+    return found[0]
 
 
 def factorize(A: LinearOperator) -> LinearOperator:
@@ -273,7 +294,8 @@ def sqrt(A: LinearOperator, *, method: str | None = None) -> LinearOperator:
             "square root is defined here for PSD operators only"
         )
     if method is None:
-        return closed_form(A._sqrt(), A, "sqrt", "method='dense'")
+        return closed_form(A._sqrt(), A, "sqrt", "method='dense'; or, to sample, lo.root(A), a factor R with "
+                           "R R^T = A that more structures have (diagonal plus low rank, Cholesky factors)")
     return Dense(A.as_matrix(), tags={_tags.psd})._sqrt()
 
 

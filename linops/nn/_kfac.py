@@ -26,6 +26,7 @@ block-diagonal KFAC). Parameters in no recognised layer are listed in ``other_le
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -36,7 +37,7 @@ import numpy as np
 
 from linops.memory import check_fits
 from linops.nn._operators import _check_batch_size, _check_likelihood, _check_model
-from linops.nn.layers import tapped_vjp
+from linops.nn.layers import kernel_leaves, tapped_vjp
 from linops.nn.layers import trace_layers as _trace
 from linops.nn.likelihoods import Likelihood
 from linops.runtime._batching import check_mesh, num_examples, sharded_sum
@@ -104,6 +105,21 @@ def find_layers(fn: Callable, params, x) -> tuple[FoundLayer, ...]:
     """
     layers, _, _ = _trace(fn, params, x)
     return tuple(FoundLayer(L.kind, L.weight, L.bias, L.positions) for L in layers)
+
+
+def _warn_unrecognised(others, fn, params, x, other_diagonal, who):
+    """Warn when kernels of the model's products (whole layers) are in no recognised layer, naming them."""
+    missed = sorted(set(others) & kernel_leaves(fn, params, x))
+    if not missed:
+        return
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    leaves = jax.tree_util.tree_leaves(params)
+    named = ", ".join(f"{paths[i] or '(the parameter array)'} {tuple(np.shape(leaves[i]))}" for i in missed)
+    what = "get their exact GGN diagonal instead" if other_diagonal else "get no block (KFAC.other_leaves)"
+    warnings.warn(f"{who}: {len(missed)} kernel(s) of the model's products are in no layer KFAC recognises and "
+                  f"{what} of Kronecker factors: {named}. Recognised: a kernel used once, contracted over its "
+                  "leading or trailing axes, or a convolution's kernel (linops.nn.find_layers lists the layers "
+                  "found)", stacklevel=3)
 
 
 def _default_batch_size(layers, rows, n, other_numbers=0):
@@ -176,11 +192,12 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, appro
     likelihood.check(num_outputs, targets, n, who)
     layers, tapped, leaves = _trace(fn, params, jax.tree_util.tree_map(lambda a: a[0], inputs))
     if not layers:
-        raise ValueError(f"{who}: found no dense layer (a product of a 2-D parameter with an activation) and no "
+        raise ValueError(f"{who}: found no dense layer (a product of a parameter kernel with an activation) and no "
                          "convolution with a parameter kernel in fn's program; KFAC needs at least one")
     _check_factors_fit(layers, params, who)
     used = {L.weight for L in layers} | {L.bias for L in layers if L.bias is not None}
     others = tuple(i for i in range(len(leaves)) if i not in used)
+    _warn_unrecognised(others, fn, params, jax.tree_util.tree_map(lambda a: a[0], inputs), other_diagonal, who)
     tapped_others = others if other_diagonal else ()
     if batch_size is None:  # the likelihood's Hessian factor has at most O rows
         batch_size = _default_batch_size(layers, num_outputs, n, sum(int(np.size(leaves[i])) for i in tapped_others))

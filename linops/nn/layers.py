@@ -3,9 +3,10 @@ r"""The layers KFAC recognises in a per-example model's traced program, and the 
 A *layer* is a product of one parameter leaf $W$ (used nowhere else) with an activation, read as
 $s_r = W a_r$ for shared positions $r = 1..R$:
 
-- a ``dot_general`` of a 2-D leaf with an activation of any rank, contracting one axis of each
-  (a dense layer; its activation's other axes, tokens or pixels, are the positions; $R = 1$
-  for a vector);
+- a ``dot_general`` of a leaf kernel (used once) with an activation of any rank, contracting the
+  kernel's leading or trailing axes with as many of the activation's (a dense layer: a matrix, an
+  einsum kernel, Flax's ``LinearGeneral``, attention's per-head projections; its activation's other
+  axes, tokens or pixels, are the positions; $R = 1$ for a vector);
 - a ``conv_general_dilated`` whose kernel is a leaf, any stride, padding, dilation and feature
   groups: the activations are the input's patches (`conv_patches`, the values of
   `jax.lax.conv_general_dilated_patches` by strided slices), the
@@ -82,29 +83,39 @@ def _is_var(v):
 
 
 def _dense(eqn, leaf_vars, uses):
+    """A ``dot_general`` of a leaf kernel with an activation: a matrix, or a kernel of several axes (an einsum,
+    Flax's ``LinearGeneral``, attention's per-head projections) whose contracted axes come first or last, so
+    that in its row-major order the input index block comes first or last (a Kronecker-ordered layer)."""
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    if lb or rb or len(lc) != 1:
+    if lb or rb or not lc:
         return None
     lhs, rhs = eqn.invars
     for w, a, wc, ac, w_is_lhs in ((lhs, rhs, lc, rc, True), (rhs, lhs, rc, lc, False)):
-        if not (_is_var(w) and w in leaf_vars and w.aval.ndim == 2 and uses[w] == 1 and _is_var(a)
-                and a not in leaf_vars):
+        if not (_is_var(w) and w in leaf_vars and uses[w] == 1 and _is_var(a) and a not in leaf_vars):
             continue
         leaf, transposed = leaf_vars[w]
-        (wax,), (aax,) = tuple(wc), tuple(ac)
-        num_in, num_out = w.aval.shape[wax], w.aval.shape[1 - wax]
-        positions = int(np.prod([s for i, s in enumerate(a.aval.shape) if i != aax], dtype=int))
-        channel = 0 if w_is_lhs else eqn.outvars[0].aval.ndim - 1  # the output's W axis
+        nd, k = w.aval.ndim, len(wc)
+        pairs = sorted(zip(wc, ac, strict=True))  # the contracted axes in the kernel's order
+        w_in, a_in = [p[0] for p in pairs], [p[1] for p in pairs]
+        if k == nd or w_in not in (list(range(k)), list(range(nd - k, nd))):
+            continue  # no output axis, or an input block in the middle of the kernel
+        in_first = w_in == list(range(k))
+        num_in = int(np.prod([w.aval.shape[i] for i in w_in], dtype=int))
+        num_out = w.aval.size // num_in
+        positions = int(np.prod([s for i, s in enumerate(a.aval.shape) if i not in a_in], dtype=int))
+        # the output's kernel axes: a dot_general's output is the lhs's free axes, then the rhs's
+        start = 0 if w_is_lhs else a.aval.ndim - k
+        w_out = list(range(start, start + nd - k))
 
-        def acts(x, aax=aax, num_in=num_in):
-            return jnp.moveaxis(x, aax, 0).reshape(1, num_in, -1)
+        def acts(x, a_in=a_in, num_in=num_in):
+            return jnp.moveaxis(x, a_in, range(len(a_in))).reshape(1, num_in, -1)
 
-        def grads(g, channel=channel, num_out=num_out):
-            return jnp.moveaxis(g, channel, 0).reshape(1, num_out, -1)
+        def grads(g, w_out=w_out, num_out=num_out):
+            return jnp.moveaxis(g, w_out, range(len(w_out))).reshape(1, num_out, -1)
 
-        layer = Layer("dense", leaf, None, (wax == 1) != transposed, 1, positions, num_in, num_out, acts, grads, None,
-                      eqn.outvars[0].aval)
-        return layer, a, channel
+        layer = Layer("dense", leaf, None, (not in_first) != transposed, 1, positions, num_in, num_out, acts, grads,
+                      None, eqn.outvars[0].aval)
+        return layer, a, tuple(w_out)  # the output axes a bias is looked for along
     return None
 
 
@@ -210,28 +221,32 @@ def _moved_axis(eqn, axis):
 _SHAPE_OPS = ("convert_element_type", "transpose", "squeeze", "reshape", "broadcast_in_dim")
 
 
-def _find_bias(eqns, start, channel, leaf_vars, uses, uses_of, num_channels):
-    """The leaf added to ``start`` (a layer output with channels on axis ``channel``) as a per-channel bias."""
-    var, axis = start, channel
+def _find_bias(eqns, start, channels, leaf_vars, uses, uses_of, num_channels):
+    """The leaf added to ``start`` (a layer output with its channels on the axes ``channels``, an int for one, in
+    the kernel's order) as a per-channel bias: a leaf of one number per channel, its axes in the same order."""
+    axes = (channels,) if isinstance(channels, int) else tuple(channels)
+    axes = tuple(a for a in axes if start.aval.shape[a] != 1) or axes[:1]  # unit axes carry no order
+    var = start
     while True:
         if uses.get(var, 0) != 1 or len(uses_of.get(var, [])) != 1:
             return None  # used twice, or an output of the program
         eqn = uses_of[var][0]
         if eqn.primitive.name == "add":
             other = eqn.invars[1] if eqn.invars[0] is var else eqn.invars[0]
-            return _bias_leaf(other, axis, eqn.outvars[0].aval.ndim, leaf_vars, uses, eqns, num_channels)
+            return _bias_leaf(other, axes, eqn.outvars[0].aval.ndim, leaf_vars, uses, eqns, num_channels)
         if eqn.primitive.name not in _SHAPE_OPS:
             return None
         if eqn.primitive.name == "broadcast_in_dim" and eqn.outvars[0].aval.size != var.aval.size:
             return None  # a real broadcast would copy the layer's output
-        axis = _moved_axis(eqn, axis)
-        if axis is None:
+        axes = tuple(_moved_axis(eqn, a) for a in axes)
+        if None in axes:
             return None
         var = eqn.outvars[0]
 
 
-def _bias_leaf(operand, axis, ndim, leaf_vars, uses, eqns, num_channels):
-    """The leaf behind ``operand`` when it is a leaf of ``num_channels`` numbers broadcast along ``axis``."""
+def _bias_leaf(operand, axes, ndim, leaf_vars, uses, eqns, num_channels):
+    """The leaf behind ``operand`` when it is a leaf of ``num_channels`` numbers broadcast along ``axes`` (its own
+    non-unit axes onto those, in order)."""
     producer = {v: e for e in eqns for v in e.outvars}
     chain, var = [], operand
     while _is_var(var) and var not in leaf_vars:
@@ -244,17 +259,17 @@ def _bias_leaf(operand, axis, ndim, leaf_vars, uses, eqns, num_channels):
         return None  # not a leaf of one number per channel, or one used elsewhere too
     shape = var.aval.shape
     big = [i for i, s in enumerate(shape) if s != 1]
-    if len(big) > 1 or (num_channels > 1 and not big):
+    if len(big) != len(axes) and big or (num_channels > 1 and not big):
         return None
-    b_axis = big[0] if big else 0
+    b_axes = big or [0]
     for eqn in reversed(chain):
-        b_axis = _moved_axis(eqn, b_axis)
-        if b_axis is None:
+        b_axes = [_moved_axis(eqn, b) for b in b_axes]
+        if None in b_axes:
             return None
     # jax.lax.add broadcasts unit axes: align the ranks from the right as numpy does
     if operand.aval.ndim != ndim:
-        b_axis += ndim - operand.aval.ndim
-    return leaf_vars[var] if b_axis == axis else None
+        b_axes = [b + ndim - operand.aval.ndim for b in b_axes]
+    return leaf_vars[var] if tuple(b_axes) == axes else None
 
 
 def _weight_views(eqns, leaf_vars, uses):
@@ -375,6 +390,31 @@ def tapped_layers(closed, num_leaves):
                               (None,) * (len(outvars) + len(acts)))
     new = jex.core.Jaxpr(jaxpr.constvars, invars, outvars + acts, new_eqns, jaxpr.effects, info)
     return layers, jex.core.jaxpr_as_fun(jex.core.ClosedJaxpr(new, closed.consts))
+
+
+def kernel_leaves(fn, params, x) -> set[int]:
+    """The parameter leaves (indices) that are an operand of a ``dot_general`` or a convolution in ``fn``'s program
+    on one example ``x``, directly or through reshapes, casts and transposes: the kernels of the model's products,
+    recognised as layers or not (a tied weight, a kernel whose contracted axes sit in its middle)."""
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    x_leaves, x_tree = jax.tree_util.tree_flatten(x)
+
+    def flat_fn(*args):
+        return fn(jax.tree_util.tree_unflatten(treedef, args[: len(leaves)]),
+                  jax.tree_util.tree_unflatten(x_tree, args[len(leaves):]))
+
+    with jax.disable_jit():
+        jaxpr = jax.make_jaxpr(flat_fn)(*leaves, *x_leaves).jaxpr
+    views = {v: i for i, v in enumerate(jaxpr.invars[: len(leaves)])}
+    found = set()
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in ("reshape", "convert_element_type", "transpose") and _is_var(eqn.invars[0]) \
+                and eqn.invars[0] in views:
+            views[eqn.outvars[0]] = views[eqn.invars[0]]
+        elif name in ("dot_general", "conv_general_dilated"):
+            found |= {views[v] for v in eqn.invars if _is_var(v) and v in views}
+    return found
 
 
 def trace_layers(fn, params, x):

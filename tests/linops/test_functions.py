@@ -303,3 +303,34 @@ def test_direct_solves_of_singular_systems_do_not_claim_convergence():
     assert sol.converged.tolist() == [False, False]  # 0/0 and 1/0
     sol = lo.solve(lo.Diagonal(jnp.array([2.0, 4.0])), jnp.array([1.0, 1.0]))
     assert bool(sol.converged) and bool(jnp.isnan(sol.residual_norm))  # direct: not measured, not claimed 0
+
+
+def test_an_inverse_without_a_closed_form_is_refused_when_built_not_at_its_first_product():
+    """A Kronecker product plus a low-rank term has no Woodbury rule here: `lo.inv` says so when called, naming
+    the explicit methods, which give the dense inverse; diagonal plus low rank (Woodbury) is built and exact."""
+    rng = np.random.default_rng(0)
+    A, B = (rng.standard_normal((k, k)) for k in (2, 3))
+    A, B = A @ A.T + np.eye(2), B @ B.T + np.eye(3)
+    U, d = rng.standard_normal((6, 2)), np.array([0.5, 2.0])
+    K = lo.Kronecker(lo.Dense(jnp.asarray(A), tags={"psd"}), lo.Dense(jnp.asarray(B), tags={"psd"}))
+    S = K + lo.LowRank(jnp.asarray(U), jnp.asarray(d))
+    dense = np.kron(A, B) + U @ np.diag(d) @ U.T
+    with pytest.raises(ValueError, match=r"inv: .* has no closed-form solve here; .*method='cg'.*method='dense'"):
+        lo.inv(S)
+    assert_close(lo.inv(S, method="dense").as_matrix(), np.linalg.inv(dense), rtol=1e-9)
+    W = lo.Diagonal(jnp.arange(1.0, 7.0)) + lo.LowRank(jnp.asarray(U), jnp.asarray(d))
+    assert_close(lo.inv(W).as_matrix(), np.linalg.inv(np.diag(np.arange(1.0, 7.0)) + U @ np.diag(d) @ U.T),
+                 rtol=1e-9)
+
+
+def test_the_square_root_refusal_points_to_root_which_samples():
+    """Diagonal plus low rank has no principal square root here; the refusal names `lo.root`, whose factor
+    reproduces the operator (R Rᵀ = A)."""
+    rng = np.random.default_rng(1)
+    U, d = rng.standard_normal((5, 2)), np.array([1.0, 3.0])
+    W = lo.Diagonal(jnp.arange(1.0, 6.0)) + lo.LowRank(jnp.asarray(U), jnp.asarray(d))
+    assert "psd" in W.tags  # positive diagonal and weights
+    with pytest.raises(ValueError, match=r"sqrt: .*lo\.root\(A\)"):
+        lo.sqrt(W)
+    R = lo.root(W).as_matrix()
+    assert_close(R @ R.T, np.diag(np.arange(1.0, 6.0)) + U @ np.diag(d) @ U.T, rtol=1e-10)
