@@ -109,7 +109,7 @@ def find_layers(fn: Callable, params, x) -> tuple[FoundLayer, ...]:
 
 def _warn_unrecognised(others, fn, params, x, other_diagonal, who):
     """Warn when kernels of the model's products (whole layers) are in no recognised layer, naming them."""
-    missed = sorted(set(others) & kernel_leaves(fn, params, x))
+    missed = sorted(set(others) & kernel_leaves(fn, params, x)) if others else []
     if not missed:
         return
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]

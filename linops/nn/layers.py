@@ -396,15 +396,8 @@ def kernel_leaves(fn, params, x) -> set[int]:
     """The parameter leaves (indices) that are an operand of a ``dot_general`` or a convolution in ``fn``'s program
     on one example ``x``, directly or through reshapes, casts and transposes: the kernels of the model's products,
     recognised as layers or not (a tied weight, a kernel whose contracted axes sit in its middle)."""
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    x_leaves, x_tree = jax.tree_util.tree_flatten(x)
-
-    def flat_fn(*args):
-        return fn(jax.tree_util.tree_unflatten(treedef, args[: len(leaves)]),
-                  jax.tree_util.tree_unflatten(x_tree, args[len(leaves):]))
-
-    with jax.disable_jit():
-        jaxpr = jax.make_jaxpr(flat_fn)(*leaves, *x_leaves).jaxpr
+    closed, leaves = _flat_program(fn, params, x)
+    jaxpr = closed.jaxpr
     views = {v: i for i, v in enumerate(jaxpr.invars[: len(leaves)])}
     found = set()
     for eqn in jaxpr.eqns:
@@ -436,17 +429,23 @@ def trace_layers(fn, params, x):
         >>> layers[0].acts(jnp.arange(3.0)).shape                    # (groups, in, positions)
         (1, 3, 1)
     """
+    closed, leaves = _flat_program(fn, params, x)
+    layers, tapped = tapped_layers(closed, len(leaves))
+    return layers, tapped, leaves
+
+
+def _flat_program(fn, params, x):
+    """``(closed jaxpr, leaves)``: ``fn`` on one example traced with the parameter leaves, then the example's, as
+    its inputs; the model's own jitted calls inlined, so that their layers are seen."""
     leaves, treedef = jax.tree_util.tree_flatten(params)
     x_leaves, x_tree = jax.tree_util.tree_flatten(x)
 
     def flat_fn(*args):
-        p = jax.tree_util.tree_unflatten(treedef, args[: len(leaves)])
-        return fn(p, jax.tree_util.tree_unflatten(x_tree, args[len(leaves):]))
+        return fn(jax.tree_util.tree_unflatten(treedef, args[: len(leaves)]),
+                  jax.tree_util.tree_unflatten(x_tree, args[len(leaves):]))
 
-    with jax.disable_jit():  # inline the model's own jitted calls, so that their layers are seen
-        closed = jax.make_jaxpr(flat_fn)(*leaves, *x_leaves)
-    layers, tapped = tapped_layers(closed, len(leaves))
-    return layers, tapped, leaves
+    with jax.disable_jit():
+        return jax.make_jaxpr(flat_fn)(*leaves, *x_leaves), leaves
 
 
 def tapped_vjp(layers, tapped, leaves, others, x):
