@@ -1,4 +1,7 @@
-r"""Closed forms for diagonal-plus-low-rank sums $D + U C V^\top$ (Woodbury, determinant lemma).
+r"""Closed forms for diagonal-plus-low-rank sums $D + U C V^\top$ (Woodbury, determinant lemma), and for
+$sB + U C V^\top$ with one operator $B$ of any other kind that has its own closed-form solve and
+log-determinant (a Kronecker product, a factorised or eigen-decomposed matrix; an unfactorised `Dense`
+is not taken: `linops.factorize` it first).
 
 A sum's terms say what they are through the hook ``_woodbury_part`` (a diagonal, a low-rank
 term, zero; `Identity`, `Diagonal`, `LowRank` and its subclasses, `Zero` implement it); sums and
@@ -77,10 +80,79 @@ def solve(op, b):
     Z = b / Dcol
     if not lowrank:
         return Z
-    DinvU, c, V, K = _capacitance(D, lowrank)
-    inner = jnp.linalg.solve(K, V.T @ Z if b.ndim == 2 else (V.T @ Z)[:, None])
-    inner = inner if b.ndim == 2 else inner[:, 0]
-    return Z - DinvU @ (c[:, None] * inner if b.ndim == 2 else c * inner)
+    return _correct(Z, *_capacitance(D, lowrank))
+
+
+def _correct(Z, AinvU, c, V, K):
+    r"""$A^{-1}b - A^{-1}U C K^{-1} V^\top A^{-1} b$ from $Z = A^{-1}b$ (a vector or a matrix of columns)."""
+    inner = jnp.linalg.solve(K, V.T @ Z if Z.ndim == 2 else (V.T @ Z)[:, None])
+    inner = inner if Z.ndim == 2 else inner[:, 0]
+    return Z - AinvU @ (c[:, None] * inner if Z.ndim == 2 else c * inner)
+
+
+def _base_split(op):
+    r"""``(B, s, lowrank)`` for a sum $sB + \sum_j U_j C_j V_j^\top$ whose one other term $B$ is neither diagonal,
+    low rank nor zero, else None (two such terms, a diagonal beside $B$, or no low-rank term)."""
+    if not isinstance(op, Sum):
+        return None
+    base, lowrank = [], []
+
+    def visit(term, scale):
+        if isinstance(term, Sum):
+            return all(visit(t, scale) for t in term.terms)
+        if isinstance(term, Scaled):
+            return visit(term.op, scale * term.scalar)
+        part = term._woodbury_part()
+        if part is NotImplemented:
+            base.append((term, scale))
+            return len(base) == 1
+        kind, *value = part
+        if kind == "lowrank":
+            leaf = value[0]
+            lowrank.append((leaf.U, scale * leaf.d, leaf.Vm, leaf))
+        return kind in ("zero", "lowrank")
+
+    # An unfactorised dense B is left to the explicit methods: its solve would factorise n x n at every call, as
+    # method="dense" does on the whole sum (`linops.factorize` it once to take this path).
+    if not visit(op, 1.0) or not base or not lowrank or isinstance(base[0][0], Dense):
+        return None
+    return base[0][0], base[0][1], lowrank
+
+
+def _base_capacitance(B, s, lowrank):
+    r"""``(A^{-1}U, c, V, K)`` for $A = sB$, from $B$'s own solve with the columns of $U$; None without one."""
+    U = jnp.concatenate([u for u, _, _, _ in lowrank], axis=1)
+    BinvU = B._solve(U)
+    if BinvU is NotImplemented:
+        return None
+    c = jnp.concatenate([jnp.broadcast_to(ci, (u.shape[1],)) for u, ci, _, _ in lowrank])
+    V = jnp.concatenate([v for _, _, v, _ in lowrank], axis=1)
+    AinvU = BinvU / s
+    return AinvU, c, V, jnp.eye(c.shape[0], dtype=U.dtype) + (V.T @ AinvU) * c[None, :]
+
+
+def base_solve(op, b):
+    """Woodbury around an operator with its own closed-form solve."""
+    parts = _base_split(op)
+    if parts is None:
+        return NotImplemented
+    B, s, lowrank = parts
+    Z, cap = B._solve(b), _base_capacitance(B, s, lowrank)
+    if Z is NotImplemented or cap is None:
+        return NotImplemented
+    return _correct(Z / s, *cap)
+
+
+def base_logdet(op):
+    """The determinant lemma around an operator with its own closed-form solve and log-determinant."""
+    parts = _base_split(op)
+    if parts is None:
+        return NotImplemented
+    B, s, lowrank = parts
+    log_det_B, cap = B._logdet(), _base_capacitance(B, s, lowrank)
+    if log_det_B is NotImplemented or cap is None:
+        return NotImplemented
+    return op.shape[0] * jnp.log(jnp.abs(s)) + log_det_B + jnp.linalg.slogdet(cap[3])[1]
 
 
 def _orthonormal_shift(parts):
@@ -174,5 +246,6 @@ def root(op):
     return Sum(pieces)
 
 
-for _hook, _rule in (("solve", solve), ("logdet", logdet), ("inv", inv), ("sqrt", sqrt), ("root", root)):
+for _hook, _rule in (("solve", solve), ("logdet", logdet), ("inv", inv), ("sqrt", sqrt), ("root", root),
+                     ("solve", base_solve), ("logdet", base_logdet)):
     register_sum_closed_form(_hook, _rule)

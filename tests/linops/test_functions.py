@@ -306,21 +306,45 @@ def test_direct_solves_of_singular_systems_do_not_claim_convergence():
 
 
 def test_an_inverse_without_a_closed_form_is_refused_when_built_not_at_its_first_product():
-    """A Kronecker product plus a low-rank term has no Woodbury rule here: `lo.inv` says so when called, naming
-    the explicit methods, which give the dense inverse; diagonal plus low rank (Woodbury) is built and exact."""
+    """A sum of two Kronecker products has no closed-form solve: `lo.inv` says so when called, naming the
+    explicit methods, which give the dense inverse; diagonal plus low rank (Woodbury) is built and exact."""
     rng = np.random.default_rng(0)
-    A, B = (rng.standard_normal((k, k)) for k in (2, 3))
-    A, B = A @ A.T + np.eye(2), B @ B.T + np.eye(3)
-    U, d = rng.standard_normal((6, 2)), np.array([0.5, 2.0])
-    K = lo.Kronecker(lo.Dense(jnp.asarray(A), tags={"psd"}), lo.Dense(jnp.asarray(B), tags={"psd"}))
-    S = K + lo.LowRank(jnp.asarray(U), jnp.asarray(d))
-    dense = np.kron(A, B) + U @ np.diag(d) @ U.T
+    A, B, C, D = (rng.standard_normal((k, k)) for k in (2, 3, 2, 3))
+    A, B, C, D = (M @ M.T + np.eye(len(M)) for M in (A, B, C, D))
+    S = (lo.Kronecker(lo.Dense(jnp.asarray(A), tags={"psd"}), lo.Dense(jnp.asarray(B), tags={"psd"}))
+         + lo.Kronecker(lo.Dense(jnp.asarray(C), tags={"psd"}), lo.Dense(jnp.asarray(D), tags={"psd"})))
+    dense = np.kron(A, B) + np.kron(C, D)
     with pytest.raises(ValueError, match=r"inv: .* has no closed-form solve here; .*method='cg'.*method='dense'"):
         lo.inv(S)
     assert_close(lo.inv(S, method="dense").as_matrix(), np.linalg.inv(dense), rtol=1e-9)
+    U, d = rng.standard_normal((6, 2)), np.array([0.5, 2.0])
     W = lo.Diagonal(jnp.arange(1.0, 7.0)) + lo.LowRank(jnp.asarray(U), jnp.asarray(d))
     assert_close(lo.inv(W).as_matrix(), np.linalg.inv(np.diag(np.arange(1.0, 7.0)) + U @ np.diag(d) @ U.T),
                  rtol=1e-9)
+
+
+@pytest.mark.parametrize("base", ["kronecker", "cholesky"])
+def test_woodbury_and_the_determinant_lemma_around_any_operator_with_closed_forms(base):
+    """``s B + U1 C1 V1ᵀ + U2 C2 U2ᵀ`` with B a Kronecker product or a Cholesky-factored matrix (each with its own
+    solve and log-determinant): solve (a vector and columns), inverse and log-determinant equal numpy's, with no
+    method named."""
+    rng = np.random.default_rng(2)
+    A, B = (rng.standard_normal((k, k)) for k in (2, 3))
+    A, B = A @ A.T + np.eye(2), B @ B.T + np.eye(3)
+    if base == "kronecker":
+        op = lo.Kronecker(lo.Dense(jnp.asarray(A), tags={"psd"}), lo.Dense(jnp.asarray(B), tags={"psd"}))
+    else:
+        op = lo.factorize(lo.Dense(jnp.asarray(np.kron(A, B)), tags={"psd"}))
+    U1, V1, U2 = rng.standard_normal((6, 2)), rng.standard_normal((6, 2)), rng.standard_normal((6, 1))
+    c1, c2 = np.array([0.5, -0.3]), np.array([2.0])
+    S = 2.5 * op + lo.LowRank(jnp.asarray(U1), jnp.asarray(c1), jnp.asarray(V1)) + lo.LowRank(jnp.asarray(U2),
+                                                                                              jnp.asarray(c2))
+    dense = 2.5 * np.kron(A, B) + U1 @ np.diag(c1) @ V1.T + U2 @ np.diag(c2) @ U2.T
+    b, M = rng.standard_normal(6), rng.standard_normal((6, 3))
+    assert_close(lo.solve(S, jnp.asarray(b)).value, np.linalg.solve(dense, b), rtol=1e-9)
+    assert_close(lo.solve(S, jnp.asarray(M)).value, np.linalg.solve(dense, M), rtol=1e-9)
+    assert_close(lo.inv(S).as_matrix(), np.linalg.inv(dense), rtol=1e-9)
+    assert_close(lo.logdet(S), np.linalg.slogdet(dense)[1], rtol=1e-12)
 
 
 def test_the_square_root_refusal_points_to_root_which_samples():
