@@ -154,8 +154,22 @@ def inv(A: LinearOperator, *, method: str | None = None, **options) -> LinearOpe
     return out
 
 
+_CLOSED_SOLVE: dict = {}  # (structure, shapes, dtypes) -> whether the solve has a closed form (a memo, not a setting)
+
+
 def _solves_in_closed_form(A: LinearOperator) -> bool:
-    """Whether ``A``'s solve has a closed form: its hook traced on an abstract vector, so nothing is computed."""
+    """Whether ``A``'s solve has a closed form: its hook traced on an abstract vector, so nothing is computed; once
+    per structure (types, static options, shapes and dtypes decide it, as they decide a compiled program)."""
+    leaves, treedef = jax.tree_util.tree_flatten(A)
+    key = (treedef, tuple((jnp.shape(x), jnp.result_type(x)) for x in leaves))
+    if key not in _CLOSED_SOLVE:
+        if len(_CLOSED_SOLVE) >= 1024:
+            _CLOSED_SOLVE.clear()
+        _CLOSED_SOLVE[key] = _probe_solve(A)
+    return _CLOSED_SOLVE[key]
+
+
+def _probe_solve(A: LinearOperator) -> bool:
     found = [True]
 
     def probe(b):
