@@ -60,7 +60,7 @@ class Layer(NamedTuple):
     positions are the minor axis, so that the contractions over them (a row's gradient, a Kronecker factor)
     are matrix products on the data as the model lays it out (a channel-first convolution's needs no
     transpose); ``in_perm`` reorders the activation factor from patch order into the kernel's row-major order
-    (None: already in it)."""
+    (None: already in it). `trace_layers` returns them (examples there and in the module's documentation)."""
 
     kind: str  # "dense" or "conv"
     weight: int  # leaf index
@@ -74,8 +74,6 @@ class Layer(NamedTuple):
     grads: Callable
     in_perm: np.ndarray | None
     out_aval: object  # the layer output's abstract value (the perturbation's shape)
-
-    # Examples: in the module's documentation (`trace_layers` returns them).
 
 
 def _is_var(v):
@@ -395,7 +393,17 @@ def tapped_layers(closed, num_leaves):
 def kernel_leaves(fn, params, x) -> set[int]:
     """The parameter leaves (indices) that are an operand of a ``dot_general`` or a convolution in ``fn``'s program
     on one example ``x``, directly or through reshapes, casts and transposes: the kernels of the model's products,
-    recognised as layers or not (a tied weight, a kernel whose contracted axes sit in its middle)."""
+    recognised as layers or not (a tied weight, a kernel whose contracted axes sit in its middle). `linops.kfac`
+    warns about those of them in no recognised layer.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from linops.nn.layers import kernel_leaves, trace_layers
+        >>> fn = lambda p, x: p["W"].T @ jnp.tanh(p["W"] @ x) * p["s"]   # W tied (used twice), s a scale
+        >>> params, x = {"W": jnp.ones((4, 3)), "s": jnp.ones(3)}, jnp.ones(3)
+        >>> kernel_leaves(fn, params, x), trace_layers(fn, params, x)[0]   # a kernel, but no layer
+        ({0}, [])
+    """
     closed, leaves = _flat_program(fn, params, x)
     jaxpr = closed.jaxpr
     views = {v: i for i, v in enumerate(jaxpr.invars[: len(leaves)])}
@@ -477,4 +485,4 @@ def tapped_vjp(layers, tapped, leaves, others, x):
     return jax.vjp(f, deltas, [leaves[i] for i in others], has_aux=True)
 
 
-__all__ = ["Layer", "conv_patches", "first_max_pool", "tapped_vjp", "trace_layers"]
+__all__ = ["Layer", "conv_patches", "first_max_pool", "kernel_leaves", "tapped_vjp", "trace_layers"]
