@@ -136,6 +136,7 @@ def ours(structure, cfg):
 
     import posteriors as pst
     from linops.likelihoods import Categorical
+    from posteriors.experiments.methods import LAPLACE_AXES
 
     if cfg.get("cache_dir"):
         pst.use_compilation_cache(cfg["cache_dir"])
@@ -147,7 +148,7 @@ def ours(structure, cfg):
     X, y, T = jnp.asarray(X), jnp.asarray(y), jnp.asarray(T)
 
     def fit():
-        post = pst.laplace(fn, params, (X, y), Categorical(), structure=structure, prior_precision=1.0,
+        post = pst.laplace(fn, params, (X, y), Categorical(), **LAPLACE_AXES[structure], prior_precision=1.0,
                            batch_size=cfg["batch"])
         return jax.block_until_ready(post)
 
@@ -188,9 +189,10 @@ def fit_flops(fn, params, X, y, structure, cfg):
 
     import posteriors as pst
     from linops.likelihoods import Categorical
+    from posteriors.experiments.methods import LAPLACE_AXES
 
     def fit(p, X, y):
-        post = pst.laplace(fn, p, (X, y), Categorical(), structure=structure, prior_precision=1.0,
+        post = pst.laplace(fn, p, (X, y), Categorical(), **LAPLACE_AXES[structure], prior_precision=1.0,
                            batch_size=cfg["batch"], progress=False)
         return post.ggn, post.factor, post.loss  # what the fit computes (nothing left for XLA to drop)
 

@@ -55,10 +55,12 @@ import posteriors as pst
 from linops.likelihoods import Categorical
 from linops.models import ravel
 from posteriors.experiments import architectures as A
+from posteriors.experiments.methods import LAPLACE_AXES
 
 PRIOR = 1.0           # prior precision of every posterior (and the MAP's L2 penalty)
 NUM_CLASSES = 8       # digits 0-7 in distribution; 8 and 9 are the OOD set
 GOAL_BLOCK = 10.0     # time of one sweep on 50 vectors / on 1 vector
+AXES = {**LAPLACE_AXES, "lowrank": {"structure": "lowrank"}}  # a posterior's name -> laplace's two axes
 POSTERIORS = ("last_layer", "kfac", "diag", "lowrank", "subnetwork", "projected", "loss_projected")
 SCALING = ("diag", "kfac", "lowrank", "projected", "loss_projected")
 PARTS = ("table", "goal", "scaling", "torch")
@@ -349,7 +351,7 @@ def fit_thunk(name, fn, params, X, y, o):
     """The fit of posterior ``name`` as its user calls it."""
     lik = Categorical()
     if name in ("diag", "kfac", "last_layer", "lowrank"):
-        kw = {"structure": name, "prior_precision": PRIOR, "batch_size": o["batch_size"]}
+        kw = {**AXES[name], "prior_precision": PRIOR, "batch_size": o["batch_size"]}
         if name == "lowrank":
             kw.update(rank=o["rank"], key=jax.random.key(1))
         if name == "kfac":
@@ -380,16 +382,16 @@ def describe_posterior(post):
         return {"batches": int(A_.num_batches), "rows_per_batch": int(A_.W.shape[1]),
                 "stores_linearization": bool(A_.stores_linearization), "method": A_.method,
                 "max_sweeps": A_.max_sweeps, "rtol": A_.rtol}
-    info = {"structure": post.structure}
-    if post.subset is not None:
-        info["parameters_in_posterior"] = int(post.subset.shape[0])
+    info = {"structure": post.structure, "subset_of_weights": post.weights.describe()}
+    if post.weights.indices is not None:
+        info["parameters_in_posterior"] = int(post.weights.indices.shape[0])
     if post.structure == "kfac":
         info["diagonal_leaves"] = list(post.ggn.diagonal_leaves)
         info["approximation"] = post.ggn.approximation
     if post.structure == "lowrank":
         lam = np.asarray(post.ggn.lam)
         info.update(rank=int(lam.shape[0]), eigenvalue_max=float(lam.max()), eigenvalue_min=float(lam.min()))
-    if post.structure == "subnetwork":
+    if isinstance(post.weights, pst.weights.Indices):  # a subnetwork: its prior lambda S / P
         info["prior_precision_rescaled"] = float(np.ravel(post.prior_precision)[0])
     return info
 

@@ -164,7 +164,8 @@ def run_case(kind, size, prob, cfg, *, log, timing, as_called_rounds, check_batc
         cond = float(eig[-1] / eig[0])
     checks = {
         "library prior λ_S == λ S / P": bool(np.isclose(float(post.prior_precision), float(alpha), rtol=1e-6)),
-        "library posterior's subset == subnetwork indices": bool(np.array_equal(np.asarray(post.subset), idx_np)),
+        "library posterior's subset == subnetwork indices": bool(np.array_equal(np.asarray(post.weights.indices),
+                                                                                  idx_np)),
         "GGN: restricted vs slice (rel err)": H.rel_err(outs["restricted GGN"], G_slice),
         "GGN: library vs slice (rel err)": H.rel_err(G_lib, G_slice),
         "covariance: library vs slice (rel err)": H.rel_err(Sigma_lib, Sigma_slice),

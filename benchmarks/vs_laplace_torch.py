@@ -34,6 +34,7 @@ import linops as lo
 import posteriors as pst
 from linops.likelihoods import Categorical
 from linops.models import ravel
+from posteriors.experiments.methods import LAPLACE_AXES
 
 GOAL_FIT = 3.0       # laplace-torch fit time / ours
 GOAL_PREDICT = 10.0  # laplace-torch predictive time / ours
@@ -49,6 +50,7 @@ TOL = {
 }
 AS_CALLED_FIT = "fit, first call (torch round 1 / our first call, compile included)"
 AS_CALLED_PREDICT = "predict, first call (torch round 1 / our eager first call, compile included)"
+AXES = {**LAPLACE_AXES, "lowrank": {"structure": "lowrank"}}  # a case name -> laplace's two axes
 TORCH_STRUCTURE = {  # ours -> laplace-torch (subset_of_weights, hessian_structure)
     "full": ("all", "full"), "diag": ("all", "diag"), "last_layer": ("last_layer", "full"),
     "kfac": ("all", "kron"), "lowrank": ("all", "lowrank"),
@@ -251,7 +253,7 @@ def run_case(case, *, torch, laplace, torch_reason, peak, budget_s, log):
     model, fn, params, Xn, yn, Tn = H.eqx_problem(sizes, n, m)
     X, y, T = jnp.asarray(Xn), jnp.asarray(yn), jnp.asarray(Tn)
     P = int(ravel(params)[0].shape[0])
-    kw = {"structure": structure, "prior_precision": ALPHA, "batch_size": bs}
+    kw = {**AXES[structure], "prior_precision": ALPHA, "batch_size": bs}
     if structure == "lowrank":
         kw.update(rank=case["rank"], key=jax.random.key(1))
     log(f"[{name}] {'-'.join(map(str, sizes))} tanh MLP, P={P:,}, N={n}, batch {bs}, {m} test points")
@@ -267,7 +269,7 @@ def run_case(case, *, torch, laplace, torch_reason, peak, budget_s, log):
     if post0 is None:
         post0 = jax.block_until_ready(fit_j(params, X, y))
     out0, first["ours predict (eager)"] = H.first_call(lambda: predict_fn(post0, T))
-    P_post = int(post0.subset.shape[0]) if post0.subset is not None else P
+    P_post = int(post0.weights.indices.shape[0]) if post0.weights.indices is not None else P
     ef, pf = first.get("ours fit (eager)"), first["ours predict (eager)"]
 
     checks = check = H.Checks()

@@ -179,7 +179,7 @@ fig.savefig(FIGURES / "laplace_tangent_kernel.png", dpi=100)
 # The library computes the left side from the last layer's GGN; the right side is textbook GP regression.
 
 # %%
-last = pst.laplace(fn, params, (X, Y), likelihood, structure="last_layer", prior_precision=ALPHA)
+last = pst.laplace(fn, params, (X, Y), likelihood, subset_of_weights="last_layer", prior_precision=ALPHA)
 _, var_last = pst.predictive.linearized(last, grid)
 
 # `from_equinox` split the model into its arrays (`params`, the same MLP type with the non-arrays removed) and

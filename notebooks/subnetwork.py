@@ -265,17 +265,17 @@ for frac in fractions:
     rand = pst.subnetwork.random(jax.random.key(100 + s), params, s)
     posteriors[f"Wass {frac:.0%} ({s})"] = pst.subnetwork_laplace(fn, params, data, likelihood, wass, LAM)
     posteriors[f"Rand {frac:.0%} ({s})"] = pst.subnetwork_laplace(fn, params, data, likelihood, rand, LAM)
-last = pst.laplace(fn, params, data, likelihood, structure="last_layer", prior_precision=LAM)
+last = pst.laplace(fn, params, data, likelihood, subset_of_weights="last_layer", prior_precision=LAM)
 posteriors[f"Full cov ({P})"] = full
 posteriors[f"Diag ({P})"] = pst.laplace(fn, params, data, likelihood, structure="diag", prior_precision=LAM)
-posteriors[f"Final layer ({last.subset.shape[0]})"] = last
+posteriors[f"Final layer ({last.weights.indices.shape[0]})"] = last
 
 stds, summary = {}, {}
 dense_err = 0.0
 for name, post in posteriors.items():
     v, v_data = variances(post)
-    if post.structure == "subnetwork":
-        d = dense_variance(np.asarray(post.subset))
+    if isinstance(post.weights, pst.weights.Indices):  # a subnetwork
+        d = dense_variance(np.asarray(post.weights.indices))
         dense_err = max(dense_err, float(np.max(np.abs(d - v)) / np.max(var_full)))
     stds[name] = np.sqrt(np.clip(v, 0.0, None))
     summary[name] = (float(np.mean(stds[name][gap])), float(np.mean(np.sqrt(v_data))))
@@ -291,7 +291,7 @@ for name, (in_gap, on_data) in summary.items():
 mean_map = np.asarray(mean_full[:, 0])
 layout = [[k for k in posteriors if k.startswith("Wass")] + [f"Full cov ({P})"],
           [k for k in posteriors if k.startswith("Rand")] + [f"Diag ({P})"],
-          ["MAP", None, None, f"Final layer ({last.subset.shape[0]})"]]
+          ["MAP", None, None, f"Final layer ({last.weights.indices.shape[0]})"]]
 fig, axes = plt.subplots(3, 4, figsize=(14, 8.5), sharex=True, sharey=True)
 for row, names in zip(axes, layout, strict=True):
     for ax, name in zip(row, names, strict=True):
@@ -333,7 +333,7 @@ full_ratio = summary[f"Full cov ({P})"][0] / summary[f"Full cov ({P})"][1]
 diag_ratio = summary[f"Diag ({P})"][0] / summary[f"Diag ({P})"][1]
 print(f"in-between ratio (std in the gap / std on the data): full {full_ratio:.1f}, diagonal {diag_ratio:.1f}")
 assert full_ratio > 3 * diag_ratio, "full-covariance Laplace must keep more in-between uncertainty than diagonal"
-assert rand50 > 2 * in_gap[f"Diag ({P})"] and rand50 > 2 * in_gap[f"Final layer ({last.subset.shape[0]})"], \
+assert rand50 > 2 * in_gap[f"Diag ({P})"] and rand50 > 2 * in_gap[f"Final layer ({last.weights.indices.shape[0]})"], \
     "a random half of the weights with full covariance should keep more gap uncertainty than diagonal or last layer"
 full_gap = in_gap[f"Full cov ({P})"]
 print(f"mean std in the gap at S = 50%: Wasserstein {wass50:.4f}, random {rand50:.4f}, full {full_gap:.4f}")
@@ -391,7 +391,7 @@ for ax, rescale in zip(axes, (True, False), strict=True):
         if r.shape[0] > 1:
             ax.fill_between(sizes, r.min(axis=0), r.max(axis=0), color=color, alpha=0.2, lw=0)
     for name, style in ((f"Full cov ({P})", "k-"), (f"Diag ({P})", "k--"),
-                        (f"Final layer ({last.subset.shape[0]})", "k:")):
+                        (f"Final layer ({last.weights.indices.shape[0]})", "k:")):
         ax.axhline(in_gap[name], color="k", ls=style[1:], lw=1, label=name)
     ax.set(xscale="log", yscale="log", xlabel="subnetwork size S",
            title="prior rescaled, λ_S = λ S / P (library default)" if rescale else "prior not rescaled, λ_S = λ")
@@ -451,8 +451,8 @@ def train_digits(theta, keys):
 dtheta, dlosses = train_digits(dtheta, jax.random.split(jax.random.key(5), 500 if QUICK else 3000))
 dparams = dunravel(dtheta)
 ddata = (Xd, yd)
-dlast = pst.laplace(dfn, dparams, ddata, categorical, structure="last_layer", prior_precision=PRIOR_D)
-S_d = int(dlast.subset.shape[0])
+dlast = pst.laplace(dfn, dparams, ddata, categorical, subset_of_weights="last_layer", prior_precision=PRIOR_D)
+S_d = int(dlast.weights.indices.shape[0])
 swag_sub = pst.subnetwork.swag(dfn, dparams, ddata, categorical, S_d, key=jax.random.key(6),
                                num_steps=200 if QUICK else 1500, learning_rate=1e-3, batch_size=64)
 rand_sub = pst.subnetwork.random(jax.random.key(8), dparams, S_d)

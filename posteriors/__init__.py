@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 # command does not need never load JAX: the same names as these imports, which type checkers and the
 # documentation read.
 if TYPE_CHECKING:
-    from posteriors import context, data, metrics, predictive, subnetwork
+    from posteriors import context, data, metrics, predictive, subnetwork, weights
     from posteriors.compilation import use_compilation_cache
     from posteriors.ensemble import DeepEnsemble, deep_ensemble
     from posteriors.fsp import FSPInfo, FSPLaplacePosterior, GPPrior, fsp_laplace, fsp_objective, rkhs_norm
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from posteriors.subnetwork import Subnetwork, subnetwork_laplace
     from posteriors.swag_posterior import SWAGPosterior, swag
 
-_SUBMODULES = ("context", "data", "metrics", "predictive", "subnetwork")
+_SUBMODULES = ("context", "data", "metrics", "predictive", "subnetwork", "weights")
 _HOMES = {
     "posteriors.fsp": ("FSPInfo", "FSPLaplacePosterior", "GPPrior", "fsp_laplace", "fsp_objective", "rkhs_norm"),
     "posteriors.gaussian": ("GaussianPosterior", "LowRankPosterior"),
@@ -74,7 +74,7 @@ __version__ = "0.1.0"
 __all__ = [
     "context", "data", "metrics", "predictive", "load", "save",
     "STRUCTURES", "LaplacePosterior", "laplace", "last_layer_leaves",
-    "marginal_log_likelihood", "optimize_prior_precision", "subnetwork", "Subnetwork", "subnetwork_laplace",
+    "marginal_log_likelihood", "optimize_prior_precision", "subnetwork", "Subnetwork", "subnetwork_laplace", "weights",
     "FSPInfo", "FSPLaplacePosterior", "fsp_laplace", "fsp_objective", "GaussianPosterior", "GPPrior",
     "LowRankPosterior", "loss_projected_posterior", "optimal_prior_precision", "ProjectedPosterior",
     "projected_posterior", "rkhs_norm", "SWAGPosterior", "swag", "DeepEnsemble", "deep_ensemble",

@@ -20,6 +20,8 @@ import numpy as np
 
 import linops as lo
 from linops.memory import check_fits
+from posteriors._layer_predictive import diag_variances, kfac_variances
+from posteriors.weights import path_string
 
 
 def _full_alpha(alpha, n):
@@ -51,10 +53,12 @@ REGISTRY: dict[str, type] = {}
 
 
 def register(name: str):
-    """Class decorator: make a `StructuredGGN` subclass available as ``laplace(..., structure=name)``."""
+    """Class decorator: make a `StructuredGGN` subclass available as ``laplace(..., structure=name)`` (and name it:
+    ``cls.name``, which is what ``post.structure`` reads)."""
 
     def add(cls):
         REGISTRY[name] = cls
+        cls.name = name
         return cls
 
     return add
@@ -71,14 +75,37 @@ class StructuredGGN(eqx.Module):
     one static key, so two posteriors of one shape share their compiled programs either way).
     """
 
+    name: ClassVar[str] = "unregistered"
+    """The ``structure=`` name (set by `register`)."""
+
     compile_fit: ClassVar[bool] = False
     """Whether `posteriors.laplace` runs `fit` as one compiled program (cached per structure, model and shapes);
     the built-in structures do. A new structure whose `fit` needs concrete values (a Python loop over data, a
     host callback) keeps the default False and runs eagerly."""
 
+    per_parameter_prior: ClassVar[bool] = True
+    """Whether the structure takes one prior precision per parameter; False: one per leaf at most (KFAC's
+    blocks shift their eigenvalues by one number each)."""
+
+    batch_progress: ClassVar[bool] = True
+    """Whether `fit`'s progress is a pass over the data's batches (the GGN operator shows it); False where the
+    fit reports its own steps (Lanczos)."""
+
     @classmethod
     def fit(cls, request: FitRequest) -> StructuredGGN:
         raise NotImplementedError
+
+    @classmethod
+    def check_prior(cls, alpha: np.ndarray, group_sizes: list[int], who: str) -> None:
+        """Refuse a concrete per-parameter prior ``alpha`` (over the covered weights, whose leaves have
+        ``group_sizes``) the structure cannot take."""
+        if cls.per_parameter_prior:
+            return
+        starts = np.concatenate([[0], np.cumsum(group_sizes)])
+        for a, b in zip(starts[:-1], starts[1:], strict=True):
+            if not np.all(alpha[a:b] == alpha[a]):
+                raise ValueError(f"{who}: a {cls.name!r} posterior takes one prior precision per leaf (per layer), but "
+                                 f"parameters {a}..{b - 1} of one leaf have different ones")
 
     @classmethod
     def fit_and_sum(cls, request: FitRequest, per_example) -> tuple[StructuredGGN, Any]:
@@ -114,6 +141,11 @@ class StructuredGGN(eqx.Module):
         accurate form than ``J`` times the covariance's product; None (the default) where it has none."""
         return None
 
+    def output_variances(self, post, inputs, batch: int, progress: str | None) -> jax.Array | None:
+        r"""``(M, O)`` $\operatorname{diag}(J \Sigma J^\top)$ of ``post`` (over every weight) from per-layer
+        forms that need no Jacobian row, or None (the default): the predictive then forms Jacobian rows."""
+        return None
+
 
 @register("full")
 class FullGGN(StructuredGGN):
@@ -132,8 +164,8 @@ class FullGGN(StructuredGGN):
     def fit_and_sum(cls, r, per_example):
         P = r.G.shape[0]
         check_fits(3 * P * P * np.dtype(r.G.dtype).itemsize, f"{r.who}(structure='full') with {P} parameters (the "
-                   "GGN, the precision and its Cholesky factor)", "use structure='diag', 'kfac', 'lowrank' or "
-                   "'last_layer'")
+                   "GGN, the precision and its Cholesky factor)", "use structure='diag', 'kfac' or 'lowrank', or "
+                   "subset_of_weights='last_layer'")
         if per_example is None:
             return cls(r.G.as_matrix()), None
         G, sums = r.G._as_matrix(per_example)  # the sums from the Kronecker blocks' pass (a last layer, an MLP)
@@ -183,12 +215,17 @@ class DiagGGN(StructuredGGN):
     def precision(self, alpha, scale):
         return lo.Diagonal(self.g / scale + alpha, nonnegative=True)
 
+    def output_variances(self, post, inputs, batch, progress):
+        """Per layer, squared activations and output gradients weighted by the variances (no Jacobian row)."""
+        return diag_variances(post, inputs, batch, progress)
+
 
 @register("lowrank")
 class LowRankGGN(StructuredGGN):
     """Top GGN eigenpairs $U \\operatorname{diag}(\\lambda) U^\\top$ (orthonormal $U$): Woodbury, never ``P x P``."""
 
     compile_fit = True
+    batch_progress = False
 
     U: jax.Array
     lam: jax.Array
@@ -232,6 +269,7 @@ class KFACGGN(StructuredGGN):
     each block's eigenvalues. ``diagonal_leaves`` names the leaves given the exact GGN diagonal."""
 
     compile_fit = True
+    per_parameter_prior = False
 
     eigenvectors: tuple  # per leaf: a tuple of orthogonal matrices (or stacks of them, one per group)
     eigenvalues: tuple  # per leaf: w >= 0
@@ -298,10 +336,9 @@ class KFACGGN(StructuredGGN):
         return lo.BlockDiagonal([lo.shift(self.block(i, w / scale), alphas[i], nonnegative=True)
                                  for i, w in enumerate(self.eigenvalues)])
 
-
-def path_string(path) -> str:
-    """``"layers.0.weight"`` for a pytree key path."""
-    return ".".join(str(getattr(k, "name", getattr(k, "key", getattr(k, "idx", k)))) for k in path)
+    def output_variances(self, post, inputs, batch, progress):
+        """Per layer, activations and output gradients in the factors' eigenbases (no Jacobian row)."""
+        return kfac_variances(post, inputs, batch, progress)
 
 
 __all__ = ["DiagGGN", "FitRequest", "FullGGN", "KFACGGN", "LowRankGGN", "REGISTRY", "StructuredGGN", "register"]

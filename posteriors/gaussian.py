@@ -65,6 +65,11 @@ class GaussianPosterior(eqx.Module):
         """``n`` flat parameter samples, shape ``(n, P)``."""
         raise NotImplementedError(f"{type(self).__name__} must define `sample`")
 
+    def own_space(self):
+        """``(fn, params, covariance)`` in the parameter space the posterior lives in (the linearised predictive
+        works there): the whole model here; a posterior over a subset of the weights restricts the model."""
+        return self.fn, self.params, self.covariance
+
     def map_outputs(self, inputs) -> jax.Array:
         """The MAP network's outputs $f(\\theta^*, x)$, shape ``(M, O)``.
 

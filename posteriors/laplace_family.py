@@ -20,97 +20,87 @@ import numpy as np
 
 import linops as lo
 from linops.likelihoods import Gaussian, Likelihood
-from linops.models import example_spec, restrict, unravel_of
+from linops.models import example_spec, unravel_of
 from linops.runtime import program
 from posteriors import _structures as S
+from posteriors import weights as W
 from posteriors._checks import check_data, check_likelihood, check_params
+from posteriors._prior import canonical_prior, check_sigma, noise_scale
 from posteriors.gaussian import GaussianPosterior
+from posteriors.weights import last_layer_leaves
 
-STRUCTURES = (*S.REGISTRY, "last_layer")
-"""The curvature structures `laplace` accepts as ``structure=`` (the registered ones, and the last layer's full GGN)."""
+STRUCTURES = tuple(S.REGISTRY)
+"""The curvature structures `laplace` accepts as ``structure=`` (`posteriors._structures.REGISTRY`)."""
 
 
 class LaplacePosterior(GaussianPosterior):
-    r"""$\mathcal N(\theta^*, (G/s + \operatorname{diag}\alpha)^{-1})$ in one of the Laplace structures.
+    r"""$\mathcal N(\theta^*, E_s (G_s/s + \operatorname{diag}\alpha)^{-1} E_s^\top)$: a curvature structure over a
+    selection of weights (`posteriors.weights`; every weight by default, $E_s = I$).
 
     Attributes:
-        structure: ``"full"``, ``"diag"``, ``"last_layer"``, ``"lowrank"``, ``"kfac"`` or
-            ``"subnetwork"`` (`posteriors.subnetwork_laplace`).
         likelihood: the likelihood the GGN was computed with.
-        prior_precision: $\alpha$, a scalar or one per parameter (of the subset, for ``"last_layer"``).
+        ggn: the GGN of the covered weights in its structure (a `posteriors._structures.StructuredGGN`:
+            `FullGGN`, `DiagGGN`, `LowRankGGN`, `KFACGGN`); ``post.structure`` is its name.
+        weights: the covered weights (`posteriors.weights.Weights`: all, a last layer, leaves, a subnetwork's
+            indices); the others stay at $\theta^*$.
+        prior_precision: $\alpha$, a scalar or one per covered parameter.
         noise_scale: $s = \sigma^2/\sigma_0^2$ when the Gaussian noise was re-tuned after the fit (else 1).
-        subset: for ``"last_layer"`` and ``"subnetwork"``, the flat indices of the parameters with
-            a posterior (the others stay at $\theta^*$); None otherwise.
-        subset_leaves: for ``"last_layer"``, the indices of those parameters' leaves.
         loss: $\sum_n \ell(f(\theta^*, x_n), y_n)$ under ``likelihood`` (the evidence's data term).
         residual_ss: for a Gaussian likelihood, $\sum_n (y_n - f(\theta^*, x_n))^2$ per output
             (to re-tune the noise); None otherwise.
         num_examples: $N$.
     """
 
-    structure: str = eqx.field(static=True)
     likelihood: Likelihood
     ggn: S.StructuredGGN
+    weights: W.Weights
     prior_precision: jax.Array
     noise_scale: jax.Array
-    subset: jax.Array | None
-    subset_leaves: tuple | None = eqx.field(static=True)
     loss: jax.Array
     residual_ss: jax.Array | None
     num_examples: int = eqx.field(static=True)
     factor: object
 
     @property
+    def structure(self) -> str:
+        """The curvature structure's name (``"full"``, ``"diag"``, ``"lowrank"``, ``"kfac"``, ...)."""
+        return self.ggn.name
+
+    @property
     def num_params(self) -> int:
         """$P$, all the model's parameters."""
         return self.mean.shape[0]
 
-    @property
-    def _sub_mean(self):
-        return self.mean if self.subset is None else self.mean[self.subset]
-
-    def _embed(self, op):
-        if self.subset is None:
-            return op
-        E = lo.Selection(self.subset, self.num_params, dtype=self.mean.dtype)
-        return E.T @ op @ E
-
     def own_space(self):
-        """``(fn, params, covariance)`` in the space the posterior lives in: the last layer's
-        parameters alone for ``"last_layer"`` (the rest closed over), else the whole model."""
-        if self.subset is None:
-            return self.fn, self.params, self.covariance
-        if self.subset_leaves is not None:
-            fn_S, params_S, _ = _submodel(self.fn, self.params, self.subset_leaves)
-        else:
-            fn_S, params_S = restrict(self.fn, self.params, np.asarray(self.subset))
-        return fn_S, params_S, self.ggn.covariance(self.prior_precision, self.noise_scale, self.factor)
+        """``(fn, params, covariance)`` in the space the posterior lives in: the covered weights alone (the rest
+        closed over; `posteriors.weights.Weights.restrict`), the whole model when it covers every weight."""
+        fn_s, params_s = self.weights.restrict(self.fn, self.params)
+        return fn_s, params_s, self.ggn.covariance(self.prior_precision, self.noise_scale, self.factor)
 
     @property
     def covariance(self) -> lo.LinearOperator:
-        """$\\Sigma$ as a lazy ``P x P`` operator (embedded from the subset for ``"last_layer"``)."""
-        return self._embed(self.ggn.covariance(self.prior_precision, self.noise_scale, self.factor))
+        r"""$\Sigma$ as a lazy ``P x P`` operator (embedded from the covered weights)."""
+        return self.weights.embed(self.ggn.covariance(self.prior_precision, self.noise_scale, self.factor),
+                                  self.num_params, self.mean.dtype)
 
     @property
     def precision(self) -> lo.LinearOperator | None:
-        """$G/s + \\operatorname{diag}\\alpha$; None for ``"last_layer"`` (the frozen parameters have none)."""
-        if self.subset is not None:
+        r"""$G/s + \operatorname{diag}\alpha$; None for a subset of the weights (the frozen ones have none)."""
+        if self.weights.indices is not None:
             return None
         return self.ggn.precision(self.prior_precision, self.noise_scale)
 
     def sample(self, key: jax.Array, n: int) -> jax.Array:
         """``n`` flat parameter samples, shape ``(n, P)``."""
         deltas = self.ggn.sample(key, n, self.prior_precision, self.noise_scale, self.factor)
-        if self.subset is not None:
-            deltas = jnp.zeros((self.num_params, n), deltas.dtype).at[self.subset].set(deltas)
-        return self.mean[None, :] + deltas.T
+        return self.mean[None, :] + self.weights.scatter(deltas, self.num_params).T
 
     def with_prior(self, prior_precision=None, sigma=None) -> LaplacePosterior:
-        """The same fit with another prior precision and/or Gaussian noise $\\sigma$ (refactorised)."""
-        alpha = self.prior_precision if prior_precision is None else _canonical_prior(
-            prior_precision, self.params, self.subset, self.structure, "with_prior")
+        r"""The same fit with another prior precision and/or Gaussian noise $\sigma$ (refactorised)."""
+        alpha = self.prior_precision if prior_precision is None else canonical_prior(
+            prior_precision, self.params, self.weights, type(self.ggn), who="with_prior")
         if sigma is not None:
-            sigma = _check_sigma(self, sigma, "with_prior")
+            sigma = check_sigma(self, sigma, "with_prior")
         reprior = _reprior_compiled if self.ggn.compile_fit else _reprior
         new, finite = reprior(self, alpha, sigma)
         _check_factor(finite, alpha, new.noise_scale, jnp.result_type(alpha), "with_prior")
@@ -121,8 +111,7 @@ def _reprior(post, alpha, sigma):
     """``post`` at the prior ``alpha`` and (unless None) the noise ``sigma``, and whether its factor is finite."""
     scale, lik, loss = post.noise_scale, post.likelihood, post.loss
     if sigma is not None:
-        scale, lik = _noise_scale(post, sigma)
-        loss = gaussian_loss(post.residual_ss, post.num_examples, lik.sigma)
+        (scale, loss), lik = noise_scale(post, sigma), Gaussian(sigma)
     factor, finite = _factor_and_check(post.ggn, alpha, scale)
     return eqx.tree_at(lambda p: (p.prior_precision, p.noise_scale, p.likelihood, p.loss, p.factor), post,
                        (alpha, scale, lik, loss, factor), is_leaf=lambda x: x is None), finite
@@ -159,160 +148,36 @@ def _check_factor(finite, alpha, scale, dtype, who) -> None:
         "larger prior precision (at least about eps x the GGN's largest eigenvalue), or float64 parameters")
 
 
-def gaussian_loss(residual_ss, num_examples, sigma):
-    r"""$\sum_n -\log \mathcal N(y_n \mid f_n, \sigma^2 I)$ from the residual sums of squares per output."""
-    num_outputs = residual_ss.shape[0]
-    return 0.5 * jnp.sum(residual_ss) / sigma**2 + num_examples * num_outputs * (jnp.log(sigma) +
-                                                                              0.5 * jnp.log(2 * jnp.pi))
-
-
-def _check_sigma(post, sigma, who):
-    """``sigma`` as a scalar array of the parameters' dtype, refused unless the likelihood is Gaussian with one
-    scalar sigma."""
-    lik = post.likelihood
-    if not isinstance(lik, Gaussian) or lik.heteroscedastic or jnp.ndim(lik.sigma) != 0:
-        raise ValueError(f"{who}: sigma can be changed for a Gaussian likelihood with one scalar sigma only, "
-                         f"got {type(lik).__name__}" + (f" with sigma of shape {jnp.shape(lik.sigma)}"
-                                                       if isinstance(lik, Gaussian) else ""))
-    if jnp.ndim(sigma) != 0:
-        raise ValueError(f"{who}: sigma must be a scalar, got shape {jnp.shape(sigma)}")
-    if isinstance(sigma, jax.Array):
-        return sigma.astype(unravel_of(post.params).dtype)
-    return jax.device_put(np.asarray(sigma, unravel_of(post.params).dtype))
-
-
-def _noise_scale(post, sigma):
-    """``(s, Gaussian(sigma))``: the GGN's scale at the noise ``sigma`` (checked by `_check_sigma`)."""
-    # the GGN stored was computed with the noise of the fit, sigma_0 = lik.sigma / sqrt(noise_scale)
-    sigma0_sq = post.likelihood.sigma**2 / post.noise_scale
-    return sigma**2 / sigma0_sq, Gaussian(sigma)
-
-
-def _canonical_prior(prior, params, subset, structure, who):
-    """A scalar, or one precision per parameter (of the subset), as an array.
-
-    Concrete priors are read and checked with NumPy on the host and moved to the device once: a check
-    compiles no program of its own. A traced prior (tuning under ``jax.grad``) is kept traced, unchecked.
-    """
-    unravel = unravel_of(params)
-    P, dtype = unravel.size, unravel.dtype
-    traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((prior, subset)))
-    xp = jnp if traced else np
-    subset = None if subset is None else (subset if traced else np.asarray(subset))
-    if isinstance(prior, (int, float, np.number)) or (hasattr(prior, "ndim") and jnp.ndim(prior) == 0):
-        alpha = xp.asarray(prior, dtype)
-    elif isinstance(prior, (jax.Array, np.ndarray)) and jnp.ndim(prior) == 1:
-        alpha = xp.asarray(prior, dtype)
-        if alpha.shape[0] != P:
-            raise ValueError(f"{who}: a prior precision per parameter needs shape ({P},), got {alpha.shape}")
-        if subset is not None:
-            alpha = alpha[subset]
-    else:
-        try:
-            leaves = jax.tree_util.tree_leaves(params)
-            given = jax.tree_util.tree_leaves(prior)
-            if len(given) != len(leaves):
-                raise ValueError
-            alpha = xp.concatenate([xp.broadcast_to(xp.asarray(g, dtype), jnp.shape(leaf)).reshape(-1)
-                                    for g, leaf in zip(given, leaves, strict=True)])
-        except (ValueError, TypeError):
-            raise ValueError(f"{who}: prior_precision must be a positive scalar, an array of shape ({P},), or a "
-                             "pytree shaped like params (one scalar or array per leaf)") from None
-        if subset is not None:
-            alpha = alpha[subset]
-    if traced:
-        return alpha
-    if not np.all(alpha > 0):
-        raise ValueError(f"{who}: prior_precision must be positive, got min {float(np.min(alpha))}")
-    if structure == "kfac" and alpha.ndim == 1:
-        starts = np.concatenate([[0], np.cumsum([np.size(leaf) for leaf in jax.tree_util.tree_leaves(params)])])
-        for a, b in zip(starts[:-1], starts[1:], strict=True):
-            if not np.all(alpha[a:b] == alpha[a]):
-                raise ValueError(f"{who}: a KFAC posterior takes one prior precision per leaf (per layer), but "
-                                 f"parameters {a}..{b - 1} of one leaf have different ones")
-    return jax.device_put(alpha)  # a transfer (jnp.asarray of a NumPy array compiles a program)
-
-
-def last_layer_leaves(params, last_layer=None, *, fn=None, x=None) -> list[int]:
-    """Leaf indices of the last layer: the weight and bias of the last dense layer in ``fn``'s traced program
-    on one example ``x`` (`linops.nn.find_layers`: after any pooling or normalisation, for any model), or the
-    leaves under the path prefix ``last_layer`` (``"layers.2"``). Without ``fn``: the leaves under the parent
-    of the last 2-D leaf (an Equinox MLP's ``layers[-1]``; a Flax NNX layer's ``kernel`` and ``bias``).
-
-    Examples:
-        >>> import jax, equinox as eqx
-        >>> from posteriors.laplace_family import last_layer_leaves
-        >>> from linops.models import from_equinox
-        >>> fn, params = from_equinox(eqx.nn.MLP(2, 3, 8, 2, key=jax.random.key(0)))
-        >>> last_layer_leaves(params), last_layer_leaves(params, "layers.1")
-        ([4, 5], [2, 3])
-        >>> last_layer_leaves(params, fn=fn, x=jax.numpy.ones(2))
-        [4, 5]
-    """
-    with_paths = jax.tree_util.tree_flatten_with_path(params)[0]
-    names = [S.path_string(p) for p, _ in with_paths]
-    if last_layer is not None:
-        chosen = [i for i, name in enumerate(names) if name == last_layer or name.startswith(last_layer + ".")]
-        if not chosen:
-            raise ValueError(f"last_layer: no parameter path starts with {last_layer!r}; paths: {names}")
-        return chosen
-    if fn is not None:
-        dense = [L for L in lo.nn.find_layers(fn, params, x) if L.kind == "dense"]
-        if dense:
-            return sorted(i for i in (dense[-1].weight, dense[-1].bias) if i is not None)
-    matrices = [i for i, (_, leaf) in enumerate(with_paths) if jnp.ndim(leaf) == 2]
-    if not matrices:
-        raise ValueError("last_layer: found no dense layer in fn's program and params have no 2-D leaf (a weight "
-                         f"matrix); name the layer: last_layer='<path prefix>', paths: {names}")
-    path = with_paths[matrices[-1]][0]
-    if getattr(path[-1], "name", None) == "value" or getattr(path[-1], "key", None) == "value":
-        path = path[:-1]  # a Flax NNX variable's ``.value``: the layer is one level up
-    prefix = path[:-1]
-    return [i for i, (p, _) in enumerate(with_paths) if p[: len(prefix)] == prefix]
-
-
-def _submodel(fn, params, chosen):
-    """``(fn_L, params_L, flat indices)`` of the chosen leaves, the others closed over."""
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    sizes = [int(np.size(leaf)) for leaf in leaves]
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-    idx = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in chosen])
-
-    def fn_L(params_L, x):
-        full = list(leaves)
-        for i, leaf in zip(chosen, params_L, strict=True):
-            full[i] = leaf
-        return fn(jax.tree_util.tree_unflatten(treedef, full), x)
-
-    return fn_L, tuple(leaves[i] for i in chosen), jax.device_put(idx)
-
-
-def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: str = "full", prior_precision=1.0,
-            batch_size: int | None = None, rank: int | None = None, num_steps: int | None = None,
-            key: jax.Array | None = None, last_layer: str | None = None,
+def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: str = "full",
+            subset_of_weights="all", prior_precision=1.0, batch_size: int | None = None, rank: int | None = None,
+            num_steps: int | None = None, key: jax.Array | None = None, last_layer: str | None = None,
             kfac_fallback: str | None = "diag", kfac_approximation: str = "expand", mesh=None,
             progress: bool = True) -> LaplacePosterior:
-    r"""The linearised Laplace posterior $\mathcal N(\theta^*, (G + \operatorname{diag}\alpha)^{-1})$.
+    r"""The linearised Laplace posterior $\mathcal N(\theta^*, (G + \operatorname{diag}\alpha)^{-1})$ over the
+    chosen weights, in the chosen curvature structure: two independent axes, as in laplace-torch.
 
     Args:
         fn: per-example model ``fn(params, x) -> (O,)``; ``params`` the trained $\theta^*$.
         data: the training ``(inputs, targets)``.
         likelihood: a `linops.likelihoods.Likelihood`.
-        structure: ``"full"`` (dense GGN, Cholesky; refused before any work when it cannot fit),
-            ``"diag"`` (exact GGN diagonal), ``"last_layer"`` (the full GGN of the last dense layer's
-            weight and bias, found in ``fn``'s program or named by ``last_layer``; the rest stays at
-            $\theta^*$), ``"lowrank"`` (the top ``rank`` GGN eigenpairs by Lanczos, Woodbury,
-            never ``P x P``; needs ``key``) or ``"kfac"`` (Kronecker factors per dense and
-            convolutional layer, `linops.kfac`).
+        structure: the GGN's structure (`STRUCTURES`): ``"full"`` (dense GGN, Cholesky; refused before
+            any work when it cannot fit), ``"diag"`` (exact GGN diagonal), ``"lowrank"`` (the top
+            ``rank`` GGN eigenpairs by Lanczos, Woodbury, never ``P x P``; needs ``key``) or ``"kfac"``
+            (Kronecker factors per dense and convolutional layer, `linops.kfac`).
+        subset_of_weights: which weights have a posterior; the others stay at $\theta^*$
+            (`posteriors.weights`): ``"all"`` (default), ``"last_layer"`` (the last dense layer's weight
+            and bias, found in ``fn``'s program or named by ``last_layer``), a selection of leaves
+            (`posteriors.weights.leaves`: an adapter's matrices), or a `posteriors.Subnetwork` (flat
+            indices; `posteriors.subnetwork_laplace` is the paper's recipe around it).
         prior_precision: $\alpha$: a positive scalar, one per parameter (``(P,)`` or a
             params-shaped pytree of arrays), or one per leaf (a params-shaped pytree of
-            scalars). ``"kfac"`` takes one per leaf at most.
+            scalars); only the covered weights' entries are kept. ``"kfac"`` takes one per leaf at most.
         batch_size: examples per batch of the GGN computations (the short last batch counts).
         rank: ``"lowrank"``'s number of eigenpairs.
         num_steps: ``"lowrank"``'s Lanczos steps (default ``min(P, 2 rank + 10)``).
         key: ``"lowrank"``'s PRNG key of the Lanczos start vector.
-        last_layer: ``"last_layer"``'s path prefix (e.g. ``"layers.2"``; default: the last dense
-            layer in ``fn``'s traced program, `last_layer_leaves`).
+        last_layer: ``subset_of_weights="last_layer"``'s path prefix (e.g. ``"layers.2"``; default: the last
+            dense layer in ``fn``'s traced program, `last_layer_leaves`).
         kfac_fallback: what ``"kfac"`` gives parameters in no dense or convolutional layer (norm
             scales, embeddings, position tables): ``"diag"`` (default) their exact GGN diagonal, named
             in ``post.ggn.diagonal_leaves``; ``"error"`` (or None) refuses them.
@@ -322,9 +187,8 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
             over its devices (`linops.GGNOp`'s and `linops.kfac`'s ``mesh``); the result equals the
             single-device one.
         progress: a progress bar on stderr over the data's batches while the GGN is formed (the
-            ``"full"``, ``"diag"``, ``"last_layer"`` and ``"kfac"`` fits, on one device) or over the
-            Lanczos steps (``"lowrank"``), shown once the fit runs longer than two seconds; False
-            silences it.
+            ``"full"``, ``"diag"`` and ``"kfac"`` fits, on one device) or over the Lanczos steps
+            (``"lowrank"``), shown once the fit runs longer than two seconds; False silences it.
 
     Returns:
         A `LaplacePosterior`.
@@ -339,10 +203,34 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
         >>> post.covariance.as_matrix()                          # (X^T X + I)^-1
         Array([[0.5, 0. ],
                [0. , 0.2]], dtype=float32)
+        >>> sub = pst.subnetwork.from_indices(jnp.zeros(2), [1])  # w[1] alone: (2^2 + 1)^-1; w[0] stays fixed
+        >>> last = pst.laplace(fn, jnp.zeros(2), (X, Y), Gaussian(1.0), subset_of_weights=sub)
+        >>> (5 * last.covariance.as_matrix()).round(4)
+        Array([[0., 0.],
+               [0., 1.]], dtype=float32)
     """
-    who = "laplace"
-    if structure not in STRUCTURES:
-        raise ValueError(f"{who}: unknown structure {structure!r}; expected one of {STRUCTURES}")
+    label = None
+    if progress:
+        label = f"laplace(structure={structure!r}" + ("" if subset_of_weights == "all" else
+                                                      f", subset_of_weights={_describe(subset_of_weights)}") + ")"
+    return _laplace(fn, params, data, likelihood, structure=structure, subset_of_weights=subset_of_weights,
+                    prior_precision=prior_precision, batch_size=batch_size, rank=rank, num_steps=num_steps, key=key,
+                    last_layer=last_layer, kfac_fallback=kfac_fallback, kfac_approximation=kfac_approximation,
+                    mesh=mesh, label=label, who="laplace")
+
+
+def _describe(spec) -> str:
+    """``subset_of_weights=`` as a label shows it."""
+    return repr(spec) if isinstance(spec, str) else spec.describe() if isinstance(spec, W.Weights) else type(
+        spec).__name__
+
+
+def _laplace(fn, params, data, likelihood, *, structure, subset_of_weights, prior_precision, batch_size, rank,
+             num_steps, key, last_layer, kfac_fallback, kfac_approximation, mesh, label, who):
+    """`laplace` for a caller named ``who`` in errors, with the progress bar's ``label`` (None: no bar)."""
+    if structure not in S.REGISTRY:
+        hint = " (the last layer is subset_of_weights='last_layer' now)" if structure == "last_layer" else ""
+        raise ValueError(f"{who}: unknown structure {structure!r}; expected one of {tuple(S.REGISTRY)}{hint}")
     check_likelihood(likelihood, who)
     check_data(data, who)
     if kfac_fallback not in (None, "diag", "error"):
@@ -351,19 +239,16 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
         raise ValueError(f"{who}: kfac_approximation must be 'expand' or 'reduce', got {kfac_approximation!r}")
     check_params(params, who)
     X, Y = data
-    subset = chosen = None
-    fit_fn, fit_params = fn, params
-    if structure == "last_layer":
-        chosen = tuple(last_layer_leaves(params, last_layer, fn=fn, x=example_spec(X)))
-        fit_fn, fit_params, subset = _submodel(fn, params, chosen)
+    weights = W.select(subset_of_weights, params, fn=fn, x=example_spec(X), last_layer_name=last_layer, who=who)
+    fit_fn, fit_params = weights.restrict(fn, params)
     lo.GGNOp(fit_fn, fit_params, X, Y, likelihood, batch_size=batch_size, mesh=mesh)  # checks the data, eagerly
-    alpha = _canonical_prior(prior_precision, params, subset, structure, who)
-    cls = S.REGISTRY["full" if structure == "last_layer" else structure]
-    label = f"{who}(structure={structure!r})" if progress else None
+    cls = S.REGISTRY[structure]
+    alpha = canonical_prior(prior_precision, params, weights, cls, who=who)
     options = _FitOptions(batch_size, mesh, rank, num_steps, kfac_fallback, who, kfac_approximation, label)
     fit = _fit_compiled if cls.compile_fit else _fit
-    ggn, terms = fit(cls, fn, params, X, Y, likelihood, chosen, key, options, alpha)
-    return make_posterior(fn, params, X, Y, likelihood, structure, ggn, alpha, subset, chosen, terms)
+    ggn, terms = fit(cls, fn, params, X, Y, likelihood, weights.fit_form(), key, options, alpha)
+    name = f"{who}(structure={structure!r})" if who == "laplace" else who
+    return make_posterior(fn, params, X, Y, likelihood, ggn, alpha, weights, terms, who=name)
 
 
 class _FitOptions(NamedTuple):
@@ -379,24 +264,21 @@ class _FitOptions(NamedTuple):
     progress: str | None = None
 
 
-def _fit_structure(cls, fn, params, X, Y, likelihood, chosen, key, o):
-    """``cls.fit`` on the GGN of ``fn`` (of the leaves ``chosen`` alone when given, the rest closed over)."""
-    fit_fn, fit_params = fn, params
-    if chosen is not None:
-        fit_fn, fit_params, _ = _submodel(fn, params, chosen)
+def _fit_structure(cls, fn, params, X, Y, likelihood, weights, key, o):
+    """``cls.fit`` on the GGN of ``fn`` restricted to ``weights`` (the rest closed over)."""
+    fit_fn, fit_params = weights.restrict(fn, params)
     # a pass over the data's batches, or (low rank) the Lanczos steps, each of them a GGN product
-    lowrank = cls is S.REGISTRY["lowrank"]
     G = lo.GGNOp(fit_fn, fit_params, X, Y, likelihood, batch_size=o.batch_size, mesh=o.mesh,
-                 progress=None if lowrank else o.progress)
+                 progress=o.progress if cls.batch_progress else None)
     return cls.fit_and_sum(S.FitRequest(G, fit_fn, fit_params, (X, Y), likelihood, o.batch_size, o.mesh, o.rank,
                                         o.num_steps, key, o.kfac_fallback, o.who, o.kfac_approximation, o.progress),
                            _example_terms(likelihood))
 
 
-def _fit(cls, fn, params, X, Y, likelihood, chosen, key, o, alpha):
+def _fit(cls, fn, params, X, Y, likelihood, weights, key, o, alpha):
     """The whole fit: the structure's GGN, then `_posterior_terms` at the prior ``alpha`` (the data terms from
     the GGN's own pass over the data where the structure sums them there: the last layer, an MLP's full GGN)."""
-    ggn, data_terms = _fit_structure(cls, fn, params, X, Y, likelihood, chosen, key, o)
+    ggn, data_terms = _fit_structure(cls, fn, params, X, Y, likelihood, weights, key, o)
     return ggn, _posterior_terms(fn, params, X, Y, likelihood, ggn, alpha, data_terms)
 
 
@@ -436,21 +318,21 @@ def _data_terms(fn, params, X, Y, likelihood):
     return loss, (jnp.sum((Y - out) ** 2, axis=0) if isinstance(likelihood, Gaussian) else None)
 
 
-def make_posterior(fn, params, X, Y, likelihood, structure, ggn, alpha, subset, subset_leaves,
-                   terms=None) -> LaplacePosterior:
-    """A `LaplacePosterior` from a fitted GGN and its `_posterior_terms` (computed here, as one program for the
-    built-in structures, when not given)."""
+def make_posterior(fn, params, X, Y, likelihood, ggn, alpha, weights=None, terms=None, *,
+                   who: str | None = None) -> LaplacePosterior:
+    """A `LaplacePosterior` from a fitted GGN over ``weights`` (default every weight) and its `_posterior_terms`
+    (computed here, as one program for the built-in structures, when not given)."""
+    weights = W.AllWeights() if weights is None else weights
     if terms is None:
         terms = (_posterior_terms_compiled if ggn.compile_fit else _posterior_terms)(fn, params, X, Y, likelihood,
                                                                                     ggn, alpha)
     loss, rss, factor, finite = terms
     scale = np.ones((), jnp.result_type(alpha))
-    _check_factor(finite, alpha, scale, jnp.result_type(alpha),
-                  "subnetwork_laplace" if structure == "subnetwork" else f"laplace(structure={structure!r})")
-    return LaplacePosterior(fn=fn, params=params, unravel=unravel_of(params), structure=structure,
-                            likelihood=likelihood, ggn=ggn, prior_precision=alpha, noise_scale=jax.device_put(scale),
-                            subset=subset, subset_leaves=subset_leaves, loss=loss, residual_ss=rss,
-                            num_examples=int(jax.tree_util.tree_leaves(X)[0].shape[0]), factor=factor)
+    _check_factor(finite, alpha, scale, jnp.result_type(alpha), who or f"laplace(structure={ggn.name!r})")
+    return LaplacePosterior(fn=fn, params=params, unravel=unravel_of(params), likelihood=likelihood, ggn=ggn,
+                            weights=weights, prior_precision=alpha, noise_scale=jax.device_put(scale), loss=loss,
+                            residual_ss=rss, num_examples=int(jax.tree_util.tree_leaves(X)[0].shape[0]),
+                            factor=factor)
 
 
 __all__ = ["LaplacePosterior", "STRUCTURES", "laplace", "last_layer_leaves"]

@@ -6,7 +6,8 @@ $$\log p(\mathcal D \mid \alpha, \sigma) \approx -\sum_n \ell(f(\theta^*, x_n), 
 
 $s = \sigma^2/\sigma_0^2$ (the GGN of a Gaussian likelihood scales as $1/\sigma^2$). For a linear
 model with a Gaussian likelihood it is the exact log evidence (at the exact MAP). For a
-``"last_layer"`` posterior it is the last layer's evidence, the rest held at $\theta^*$.
+posterior over a subset of the weights (a last layer, a subnetwork) it is the evidence of those weights, the rest
+held at $\theta^*$.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import numpy as np
 
 from linops.models import unravel_of
 from linops.runtime import new_bar, program, tick
-from posteriors.laplace_family import LaplacePosterior, _canonical_prior, _check_sigma, _noise_scale, gaussian_loss
+from posteriors._prior import canonical_prior, check_sigma, noise_scale
+from posteriors.laplace_family import LaplacePosterior
 
 
 def _check(post, who):
@@ -29,7 +31,7 @@ def _check(post, who):
 
 
 def _evidence(post, alpha, scale, loss, logdet):
-    theta = post.mean if post.subset is None else post.mean[post.subset]
+    theta = post.weights.take(post.mean)
     P = theta.shape[0]
     log_prior_det = P * jnp.log(alpha) if jnp.ndim(alpha) == 0 else jnp.sum(jnp.log(alpha))
     return -loss - 0.5 * jnp.sum(alpha * theta**2) + 0.5 * log_prior_det - 0.5 * logdet(alpha, scale)
@@ -59,10 +61,10 @@ def marginal_log_likelihood(post: LaplacePosterior, prior_precision=None, sigma=
     """
     who = "marginal_log_likelihood"
     _check(post, who)
-    alpha = post.prior_precision if prior_precision is None else _canonical_prior(
-        prior_precision, post.params, post.subset, post.structure, who)
+    alpha = post.prior_precision if prior_precision is None else canonical_prior(
+        prior_precision, post.params, post.weights, type(post.ggn), who=who)
     if sigma is not None:
-        sigma = _check_sigma(post, sigma, who)
+        sigma = check_sigma(post, sigma, who)
     return _marginal_log_likelihood(post, alpha, sigma)
 
 
@@ -70,19 +72,8 @@ def marginal_log_likelihood(post: LaplacePosterior, prior_precision=None, sigma=
 def _marginal_log_likelihood(post, alpha, sigma):
     scale, loss = post.noise_scale, post.loss
     if sigma is not None:
-        scale, lik = _noise_scale(post, sigma)
-        loss = gaussian_loss(post.residual_ss, post.num_examples, lik.sigma)
+        scale, loss = noise_scale(post, sigma)
     return _evidence(post, alpha, scale, loss, post.ggn.logdet)
-
-
-def _leaf_starts(post):
-    leaves = jax.tree_util.tree_leaves(post.params)
-    sizes = [int(np.size(leaf)) for leaf in leaves]
-    if post.subset_leaves is not None:
-        sizes = [sizes[i] for i in post.subset_leaves]
-    elif post.subset is not None:  # a subnetwork: one group
-        sizes = [int(post.subset.shape[0])]
-    return sizes
 
 
 def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik", prior_structure: str = "scalar",
@@ -132,13 +123,14 @@ def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik",
         raise ValueError(f"{who}: method must be 'marglik' or 'gridsearch', got {method!r}")
     if prior_structure not in ("scalar", "layerwise", "diag"):
         raise ValueError(f"{who}: prior_structure must be 'scalar', 'layerwise' or 'diag', got {prior_structure!r}")
-    if post.structure == "kfac" and prior_structure == "diag":
-        raise ValueError(f"{who}: a KFAC posterior takes one prior precision per leaf: use 'scalar' or 'layerwise'")
+    if not post.ggn.per_parameter_prior and prior_structure == "diag":
+        raise ValueError(f"{who}: a {post.structure!r} posterior takes one prior precision per leaf: use 'scalar' or "
+                         "'layerwise'")
     if tune_sigma:
-        _check_sigma(post, 1.0, who)  # refuses a non-Gaussian or per-output sigma with a clear error
+        check_sigma(post, 1.0, who)  # refuses a non-Gaussian or per-output sigma with a clear error
     rate = jax.device_put(np.asarray(learning_rate, unravel_of(post.params).dtype))  # data, not a program key
     alpha, sigma, trace = _tune(post, rate, num_steps=num_steps, prior_structure=prior_structure,
-                                       tune_sigma=tune_sigma, sizes=tuple(_leaf_starts(post)), label=label)
+                                tune_sigma=tune_sigma, sizes=tuple(post.weights.group_sizes(post.params)), label=label)
     tuned = _with_subset_prior(post, alpha, sigma)
     report = {"prior_precision": alpha, "sigma": sigma if tune_sigma else getattr(post.likelihood, "sigma", None),
               "log_marginal_likelihood": trace}
@@ -169,9 +161,7 @@ def _tune(post, learning_rate, *, num_steps, prior_structure, tune_sigma, sizes,
     def objective(theta):
         scale, loss = post.noise_scale, post.loss
         if tune_sigma:
-            sigma = jnp.exp(theta["log_sigma"])
-            sigma0_sq = post.likelihood.sigma**2 / post.noise_scale
-            scale, loss = sigma**2 / sigma0_sq, gaussian_loss(post.residual_ss, post.num_examples, sigma)
+            scale, loss = noise_scale(post, jnp.exp(theta["log_sigma"]))
         return -_evidence(post, expand(theta["log_alpha"]), scale, loss, logdet)
 
     opt = optax.adam(learning_rate)

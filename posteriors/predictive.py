@@ -28,7 +28,6 @@ from linops.likelihoods import Bernoulli, Categorical, Gaussian
 from linops.memory import check_fits
 from linops.models import ravel, unravel_of
 from linops.runtime import batched_map, program
-from posteriors._layer_predictive import diag_variances, kfac_variances
 from posteriors.ensemble import DeepEnsemble
 from posteriors.gaussian import GaussianPosterior, LowRankPosterior
 from posteriors.laplace_family import LaplacePosterior
@@ -37,9 +36,7 @@ from posteriors.projected import ProjectedPosterior
 
 def _parts(post):
     """``(fn, params, covariance)`` in the posterior's own parameter space (a last layer's alone)."""
-    if hasattr(post, "own_space"):
-        return post.own_space()
-    return post.fn, post.params, post.covariance
+    return post.own_space()
 
 
 def _jacobian_rows(fn, params, X):
@@ -233,11 +230,12 @@ def _linearized(post, inputs, full_covariance, output_covariance, batch_size, ke
                    f"the output covariances of {M} inputs x {num_outputs} outputs", "ask for the variances instead")
     b, k = _plan(M, num_outputs, planned, batch_size, output_covariance)
     label = "linearized predictive" if progress else None
-    if isinstance(post, LaplacePosterior) and post.structure in ("kfac", "diag") and not output_covariance:
-        # per-layer quadratic forms of activations and output gradients (Kronecker or diagonal): no Jacobian row
-        layer_variances = kfac_variances if post.structure == "kfac" else diag_variances
-        return mean, layer_variances(post, inputs, batch_size or max(1, ROW_BUDGET // max(num_outputs * P, 1)),
-                                     label)
+    if isinstance(post, LaplacePosterior) and post.weights.indices is None and not output_covariance:
+        # the structure's per-layer forms of activations and output gradients (KFAC, diagonal): no Jacobian row
+        variances = post.ggn.output_variances(post, inputs, batch_size or max(1, ROW_BUDGET // max(num_outputs * P,
+                                                                                                    1)), label)
+        if variances is not None:
+            return mean, variances
     # one compiled program per posterior structure and shape; a subnetwork's indices must stay concrete
     concrete = _restricted_by_index(post)
     return mean, (_row_values if concrete else _row_values_jit)(post, inputs, b, k, output_covariance, label)
@@ -251,8 +249,8 @@ def _no_linearisation(post, who):
 
 
 def _restricted_by_index(post):
-    """A subnetwork posterior: its space is a set of flat parameter indices, not whole leaves."""
-    return isinstance(post, LaplacePosterior) and post.subset is not None and post.subset_leaves is None
+    """A posterior over flat parameter indices (a subnetwork): restricting its model needs them concrete."""
+    return isinstance(post, LaplacePosterior) and post.weights.restrict_needs_concrete
 
 
 def monte_carlo(post: GaussianPosterior, key: jax.Array, inputs, num_samples: int, *, linearized: bool = True):

@@ -23,8 +23,8 @@ Examples:
     >>> sub.indices, sub.memory_bytes
     (Array([1, 3], dtype=int32), 48)
     >>> post = pst.subnetwork_laplace(fn, jnp.array([0.1, -3.0, 0.5, 2.0]), (X, Y), Gaussian(1.0), sub)
-    >>> post.covariance.shape, post.structure
-    ((4, 4), 'subnetwork')
+    >>> post.covariance.shape, post.structure, post.weights.indices
+    ((4, 4), 'full', Array([1, 3], dtype=int32))
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ import numpy as np
 import linops as lo
 from linops.likelihoods import Likelihood
 from linops.memory import check_fits, format_bytes
-from linops.models import check_indices, ravel, restrict
-from linops.runtime import program
-from posteriors import _structures as S
+from linops.models import check_indices, ravel
 from posteriors._checks import check_data, check_likelihood, check_params
-from posteriors.laplace_family import LaplacePosterior, _canonical_prior, last_layer_leaves, make_posterior
+from posteriors._prior import canonical_prior
+from posteriors.laplace_family import LaplacePosterior, _laplace
 from posteriors.swag_posterior import _sgd_moments
+from posteriors.weights import AllWeights, Indices, last_layer_leaves
 
 #: What `subnetwork_laplace` keeps per subnetwork weight pair: the GGN block, its Cholesky factor
 #: and the covariance, each S x S.
@@ -76,6 +76,14 @@ class Subnetwork(eqx.Module):
         """Bytes of the ``S x S`` arrays `subnetwork_laplace` needs at its peak: three (the GGN, the posterior
         precision and its Cholesky factor); it keeps two (the GGN and the factor)."""
         return _SQUARES * self.size**2 * self.itemsize
+
+    def as_weights(self, params, who: str = "laplace") -> Indices:
+        """The selection `posteriors.laplace` covers for ``subset_of_weights=subnetwork``: its `Indices`, checked
+        against ``params``' parameter count."""
+        P = int(ravel(params)[0].shape[0])
+        if self.num_params != P:
+            raise ValueError(f"{who}: the subnetwork indexes {self.num_params} parameters but params have {P}")
+        return Indices(self.indices)
 
 
 def _make(indices, params, strategy, scores=None):
@@ -152,7 +160,7 @@ def diagonal_laplace(fn, params, data, likelihood: Likelihood, size: int, *, pri
     X, Y = data
     label = "subnetwork.diagonal_laplace" if progress else None
     g = lo.diag(lo.GGNOp(fn, params, X, Y, likelihood, batch_size=batch_size, progress=label))
-    alpha = _canonical_prior(prior_precision, params, None, "diag", "subnetwork.diagonal_laplace")
+    alpha = canonical_prior(prior_precision, params, AllWeights(), who="subnetwork.diagonal_laplace")
     return largest_variance(params, 1.0 / (g + alpha), size, key=key, strategy="diagonal_laplace")
 
 
@@ -288,8 +296,10 @@ def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Sub
             it runs longer than two seconds; False silences it.
 
     Returns:
-        A `LaplacePosterior` with ``structure="subnetwork"``: the same interface as every other
-        posterior (``.mean``, ``.covariance``, ``.sample``, the predictives, the evidence, save/load).
+        A `LaplacePosterior` of ``structure="full"`` over the subnetwork's weights (``post.weights``, a
+        `posteriors.weights.Indices`): `posteriors.laplace` with ``subset_of_weights=subnetwork`` and the
+        rescaled prior. The same interface as every other posterior (``.mean``, ``.covariance``,
+        ``.sample``, the predictives, the evidence, save/load).
 
     Raises:
         ValueError: a subnetwork of another parameter count; `linops.memory.MemoryBudgetError`
@@ -317,60 +327,18 @@ def subnetwork_laplace(fn, params, data, likelihood: Likelihood, subnetwork: Sub
     check_params(params, who)
     flat, _ = ravel(params)
     P, s = flat.shape[0], subnetwork.size
-    if subnetwork.num_params != P:
-        raise ValueError(f"{who}: the subnetwork indexes {subnetwork.num_params} parameters but params have {P}")
+    subnetwork.as_weights(params, who)  # the parameter count, before any work
     check_fits(subnetwork.memory_bytes, f"{who} over {s} weights ({format_bytes(subnetwork.memory_bytes)} for its "
                "GGN, precision and Cholesky factor)", "choose fewer weights: posteriors.subnetwork.size_for_memory "
                "gives the largest S that fits")
-    X, Y = data
+    if rescale_prior:  # lambda_S = lambda S / P, on the host when concrete (an eager product compiles a program)
+        ratio = s / P
+        prior_precision = jax.tree_util.tree_map(
+            lambda a: a * ratio if isinstance(a, jax.core.Tracer) else np.asarray(a) * ratio, prior_precision)
     label = f"{who} ({s} weights)" if progress else None
-    if isinstance(subnetwork.indices, jax.core.Tracer):
-        # Traced (jax.jit, eqx.filter_eval_shape): which leaves hold the weights is unknown, so the
-        # subset is scattered into the whole flat vector; same values, derivatives through all leaves.
-        indices = subnetwork.indices
-        fn_S, theta_S = _restrict_traced(fn, params, indices)
-        G = lo.GGNOp(fn_S, theta_S, X, Y, likelihood, batch_size=batch_size, mesh=mesh, progress=label).as_matrix()
-    else:
-        fn_S, theta_S = restrict(fn, params, np.asarray(subnetwork.indices))
-        lo.GGNOp(fn_S, theta_S, X, Y, likelihood, batch_size=batch_size, mesh=mesh)  # checks the data, eagerly
-        G = _restricted_ggn(fn, params, X, Y, likelihood, _IndexSet(subnetwork.indices), batch_size, mesh, label)
-        indices = jax.device_put(np.asarray(subnetwork.indices))  # a transfer: jnp.asarray would compile
-    ggn = S.FullGGN(G)
-    alpha = _canonical_prior(prior_precision, params, indices, "subnetwork", who)
-    if rescale_prior:  # on the host when concrete: an eager product would compile a program of its own
-        alpha = alpha * (s / P) if isinstance(alpha, jax.core.Tracer) else jax.device_put(np.asarray(alpha) * (s / P))
-    return make_posterior(fn, params, X, Y, likelihood, "subnetwork", ggn, alpha, indices, None)
-
-
-class _IndexSet:
-    """Concrete flat indices as static data of a compiled program: equal when the indices are."""
-
-    def __init__(self, indices):
-        self.value = np.asarray(indices)
-        self._key = (self.value.dtype.str, self.value.shape, self.value.tobytes())
-
-    def __eq__(self, other):
-        return isinstance(other, _IndexSet) and self._key == other._key
-
-    def __hash__(self):
-        return hash(self._key)
-
-
-@program
-def _restricted_ggn(fn, params, X, Y, likelihood, index_set, batch_size, mesh, progress=None):
-    """The dense GGN of ``fn`` restricted to ``index_set``: one program per model, subnetwork and shapes."""
-    fn_S, theta_S = restrict(fn, params, index_set.value)
-    return lo.GGNOp(fn_S, theta_S, X, Y, likelihood, batch_size=batch_size, mesh=mesh, progress=progress).as_matrix()
-
-
-def _restrict_traced(fn, params, indices):
-    """`linops.models.restrict` for traced ``indices`` (already checked when the `Subnetwork` was made)."""
-    flat, unravel = ravel(params)
-
-    def fn_S(v, x):
-        return fn(unravel(flat.at[indices].set(v.astype(flat.dtype))), x)
-
-    return fn_S, flat[indices]
+    return _laplace(fn, params, data, likelihood, structure="full", subset_of_weights=subnetwork,
+                    prior_precision=prior_precision, batch_size=batch_size, rank=None, num_steps=None, key=None,
+                    last_layer=None, kfac_fallback=None, kfac_approximation="expand", mesh=mesh, label=label, who=who)
 
 
 __all__ = [

@@ -19,6 +19,7 @@ import linops.testing.strategies
 import posteriors
 import posteriors.cli
 import posteriors.data
+import posteriors.weights
 
 
 def _all_modules():
@@ -46,6 +47,7 @@ def test_every_public_name_has_a_runnable_example():
     objects += _public(linops.kernels) + _public(linops.nn.layers) + _public(linops.runtime)
     objects += _public(posteriors) + _public(posteriors.predictive) + _public(posteriors.subnetwork)
     objects += _public(posteriors.metrics) + _public(posteriors.data) + _public(posteriors.cli)
+    objects += _public(posteriors.weights)
     for name, obj in objects:
         if not (inspect.isclass(obj) or inspect.isfunction(obj)):
             continue

@@ -44,7 +44,7 @@ from linops.models import canonical_convolutions, from_equinox, ravel
 from posteriors import data as pdata
 from posteriors import metrics
 from posteriors.experiments._common import LABELS, Log, check_methods, pyplot, train_map, write_table
-from posteriors.experiments.methods import CLASSIFICATION_METHODS, DEFAULT_METHODS
+from posteriors.experiments.methods import CLASSIFICATION_METHODS, DEFAULT_METHODS, LAPLACE_AXES
 
 ARCHITECTURES = ("mlp", "lenet5", "resnet")
 """The networks `Config.architecture` names: a tanh MLP, the classic LeNet-5 (ReLU, 61,706 parameters on
@@ -161,8 +161,8 @@ def fit(method: str, fn, params, train, cfg: Config, log: Log, init=None):
 
     if method == "map":
         return None
-    if method in ("full", "diag", "last_layer", "kfac"):
-        return tune(pst.laplace(fn, params, train, lik, structure=method, prior_precision=prior, batch_size=256,
+    if method in LAPLACE_AXES:
+        return tune(pst.laplace(fn, params, train, lik, **LAPLACE_AXES[method], prior_precision=prior, batch_size=256,
                                 progress=bars))
     if method == "lowrank":
         return tune(pst.laplace(fn, params, train, lik, structure="lowrank", rank=cfg.lowrank, key=key,

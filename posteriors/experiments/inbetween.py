@@ -25,6 +25,7 @@ from linops.models import from_equinox, ravel
 from posteriors import data as pdata
 from posteriors import metrics
 from posteriors.experiments._common import LABELS, METHODS, Log, check_methods, pyplot, train_map, write_table
+from posteriors.experiments.methods import LAPLACE_AXES
 
 GAP = (-0.6, 0.4)
 
@@ -53,8 +54,8 @@ def _fit(method, fn, params, train, cfg, log):
     key = jax.random.key(cfg.seed + 7)
     if method == "map":
         return None
-    if method in ("full", "diag", "last_layer", "kfac"):
-        return pst.laplace(fn, params, train, lik, structure=method, prior_precision=prior,
+    if method in LAPLACE_AXES:
+        return pst.laplace(fn, params, train, lik, **LAPLACE_AXES[method], prior_precision=prior,
                            progress=not log.quiet)
     if method == "lowrank":
         return pst.laplace(fn, params, train, lik, structure="lowrank", rank=cfg.lowrank, key=key,

@@ -21,6 +21,10 @@ LABELS = {"map": "MAP", "full": "Full Laplace", "diag": "Diagonal Laplace", "las
           "ensemble": "Deep ensemble"}
 """How tables and figures name each method."""
 
+LAPLACE_AXES = {"full": {"structure": "full"}, "diag": {"structure": "diag"}, "kfac": {"structure": "kfac"},
+                "last_layer": {"structure": "full", "subset_of_weights": "last_layer"}}
+"""The Laplace methods fitted by one `posteriors.laplace` call, as its two axes (which structure, which weights)."""
+
 DEFAULT_METHODS = tuple(m for m in METHODS if m != "full")
 """``demo``'s methods: all of `METHODS` but full Laplace (its ``P x P`` matrix)."""
 

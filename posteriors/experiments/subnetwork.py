@@ -156,7 +156,7 @@ def toy_regression(out, size, log):
         results[f"Rand {frac:.0%}"] = randoms[0] | {"error_vs_full": float(np.mean(errors)),
                                                      "error_vs_full_sd": float(np.std(errors)), "seeds": 5}
     diag = pst.laplace(fn, params, data, lik, structure="diag", prior_precision=LAMBDA, progress=False)
-    last = pst.laplace(fn, params, data, lik, structure="last_layer", prior_precision=LAMBDA, progress=False)
+    last = pst.laplace(fn, params, data, lik, subset_of_weights="last_layer", prior_precision=LAMBDA, progress=False)
     for name, post in (("Diag", diag), ("Final layer", last)):
         curves[name] = _std(post, grid)
         results[name] = _summary(curves[name], s_full, gap, on_data, None)

@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import linops as lo
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import from_equinox, ravel
+from tests.posteriors._axes import axes
 
 from ..linops._util import assert_close
 
@@ -105,7 +106,7 @@ def test_laplace_posteriors_on_a_mesh_equal_one_device(structure):
     import posteriors as pst
 
     fn, params, X, y, _ = _problem(Categorical())
-    options = dict(structure=structure, batch_size=4, prior_precision=0.5)
+    options = dict(**axes(structure), batch_size=4, prior_precision=0.5)
     if structure == "lowrank":
         options.update(rank=5, key=jax.random.key(6))
     one = pst.laplace(fn, params, (X, y), Categorical(), **options)

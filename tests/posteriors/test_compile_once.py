@@ -14,6 +14,7 @@ from linops.likelihoods import Categorical
 from linops.models import from_equinox, ravel
 from linops.testing import count_compilations as compiles
 from posteriors.predictive import _row_values
+from tests.posteriors._axes import axes
 
 from ..linops._util import assert_close
 from ..linops.test_layer_diag import CASES
@@ -30,11 +31,11 @@ def _mlp_problem(seed):
 def test_a_second_fit_and_predictive_of_the_same_kind_compile_nothing(structure):
     kw = {"rank": 4, "key": jax.random.key(1)} if structure == "lowrank" else {}
     fn, params, X, y = _mlp_problem(0)
-    first = pst.laplace(fn, params, (X, y), Categorical(), structure=structure, batch_size=16, **kw)
+    first = pst.laplace(fn, params, (X, y), Categorical(), **axes(structure), batch_size=16, **kw)
     p_first = pst.predictive.classification(first, X[:7])
     _, params2, X2, y2 = _mlp_problem(1)
     with compiles() as events:
-        second = pst.laplace(fn, params2, (X2, y2), Categorical(), structure=structure, batch_size=16, **kw)
+        second = pst.laplace(fn, params2, (X2, y2), Categorical(), **axes(structure), batch_size=16, **kw)
         p_second = pst.predictive.classification(second, X2[:7])
         jax.block_until_ready((second, p_second))
     assert events == [], f"{len(events)} compilations on the second call"
@@ -197,7 +198,7 @@ def test_a_first_cnn_fit_and_predictive_compile_one_program_each_and_a_refit_non
     jax.block_until_ready((params2, X, y))
 
     def run(p, i):
-        post = pst.laplace(fn, p, (X[i], y[i]), Categorical(), structure=structure, batch_size=64, progress=False)
+        post = pst.laplace(fn, p, (X[i], y[i]), Categorical(), **axes(structure), batch_size=64, progress=False)
         return post, jax.block_until_ready(pst.predictive.classification(post, X[i], link="probit", progress=False))
 
     with compiles() as first:

@@ -19,6 +19,7 @@ import posteriors as pst
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import ravel
 from posteriors import _structures as S
+from tests.posteriors._axes import axes
 
 from ..linops._util import assert_close
 
@@ -92,8 +93,8 @@ def test_last_layer_is_bayesian_linear_regression_on_the_features():
         return _dense(p["last"], jnp.tanh(p["first"]["W"] @ x))
 
     post = pst.laplace(fn, params, (jnp.asarray(X), jnp.asarray(y)[:, None]), Gaussian(SIGMA),
-                       structure="last_layer", prior_precision=ALPHA)
-    assert post.subset_leaves == (1, 2) and post.precision is None
+                       subset_of_weights="last_layer", prior_precision=ALPHA)
+    assert post.weights.leaves == (1, 2) and post.precision is None
     full = np.zeros((17, 17))
     full[12:, 12:] = cov  # leaves in order: first.W (12), last.W (4), last.b (1)
     assert_close(post.covariance.as_matrix(), full, rtol=1e-9, atol=1e-12)
@@ -128,7 +129,7 @@ def test_a_multi_output_last_layer_sums_the_evidence_data_terms_in_its_own_pass(
     from posteriors import laplace_family
 
     monkeypatch.setattr(laplace_family, "_data_terms", no_forward_pass)
-    post = pst.laplace(fn, params, (jnp.asarray(X), jnp.asarray(y2)), Gaussian(SIGMA), structure="last_layer",
+    post = pst.laplace(fn, params, (jnp.asarray(X), jnp.asarray(y2)), Gaussian(SIGMA), subset_of_weights="last_layer",
                        prior_precision=ALPHA, batch_size=16)
     out = np.tanh(X @ np.asarray(W1).T) @ np.asarray(last["W"]).T + np.asarray(last["b"])
     assert_close(post.residual_ss, np.sum((y2 - out) ** 2, axis=0), rtol=1e-9)
@@ -280,9 +281,9 @@ def test_save_and_load_reproduce_samples_bit_for_bit(structure, tmp_path):
     y = jnp.arange(25) % 2
     kw = dict(rank=5, key=jax.random.key(2)) if structure == "lowrank" else {}
     args = (fn, params, (X, y), Categorical())
-    post = pst.laplace(*args, structure=structure, prior_precision=0.5, **kw)
+    post = pst.laplace(*args, **axes(structure), prior_precision=0.5, **kw)
     pst.save(post, tmp_path / "post.eqx")
-    like = eqx.filter_eval_shape(pst.laplace, *args, structure=structure, prior_precision=0.5, **kw)
+    like = eqx.filter_eval_shape(pst.laplace, *args, **axes(structure), prior_precision=0.5, **kw)
     back = pst.load(tmp_path / "post.eqx", like)
     key = jax.random.key(7)
     assert bool(jnp.all(back.sample(key, 5) == post.sample(key, 5)))
@@ -321,7 +322,9 @@ def test_bad_input_is_refused_with_a_clear_error():
     with pytest.raises(ValueError, match=r"needs shape \(4,\)"):
         pst.laplace(_dense, params, data, Gaussian(SIGMA), prior_precision=jnp.ones(3))
     with pytest.raises(ValueError, match="no parameter path starts with 'head'"):
-        pst.laplace(_dense, params, data, Gaussian(SIGMA), structure="last_layer", last_layer="head")
+        pst.laplace(_dense, params, data, Gaussian(SIGMA), subset_of_weights="last_layer", last_layer="head")
+    with pytest.raises(ValueError, match="last layer is subset_of_weights='last_layer' now"):
+        pst.laplace(_dense, params, data, Gaussian(SIGMA), structure="last_layer")
     from linops.memory import MemoryBudgetError
 
     wide = {"W": jnp.zeros((1, 3)), "b": jnp.zeros(1), "extra": jnp.zeros(200_000)}
@@ -426,8 +429,8 @@ def test_last_layer_is_the_last_dense_layer_in_the_program_for_nnx_and_after_a_p
     chosen = pst.last_layer_leaves(params, fn=fn, x=X[0])
     assert [names[i] for i in chosen] == ["head.bias.value", "head.kernel.value"]  # 15 weights, the bias kept
     assert [names[i] for i in pst.last_layer_leaves(params)] == ["head.bias.value", "head.kernel.value"]
-    post = pst.laplace(fn, params, (X, y), Categorical(), structure="last_layer", prior_precision=ALPHA)
-    idx = np.asarray(post.subset)
+    post = pst.laplace(fn, params, (X, y), Categorical(), subset_of_weights="last_layer", prior_precision=ALPHA)
+    idx = np.asarray(post.weights.indices)
     assert idx.size == 15
     G = np.asarray(lo.GGNOp(fn, params, X, y, Categorical()).as_matrix())[np.ix_(idx, idx)]
     assert_close(post.ggn.precision(ALPHA, 1.0).as_matrix(), G + ALPHA * np.eye(15), rtol=1e-10)
@@ -491,7 +494,7 @@ def test_fit_shows_a_progress_bar_over_the_batches_that_can_be_silenced(capsys, 
     X = jax.random.normal(jax.random.key(0), (100, 4))
     y = (X[:, 0] > 0).astype(jnp.int32)
     fn, params = from_equinox(eqx.nn.MLP(4, 3, 8, 2, key=jax.random.key(1)))
-    fit = lambda s, **kw: pst.laplace(fn, params, (X, y), Categorical(), structure=s, batch_size=16, **kw)  # noqa: E731
+    fit = lambda s, **kw: pst.laplace(fn, params, (X, y), Categorical(), **axes(s), batch_size=16, **kw)  # noqa: E731
     fit("diag")
     jax.effects_barrier()
     assert capsys.readouterr().err == ""  # quicker than the delay
@@ -500,7 +503,8 @@ def test_fit_shows_a_progress_bar_over_the_batches_that_can_be_silenced(capsys, 
         fit(structure)
         jax.effects_barrier()
         err = capsys.readouterr().err
-        assert f"laplace(structure='{structure}')" in err and "7/7" in err and err.count("\n") == 1, (structure, err)
+        label = ", ".join(f"{k}={v!r}" for k, v in axes(structure).items())  # e.g. the last layer's two axes
+        assert f"laplace({label})" in err and "7/7" in err and err.count("\n") == 1, (structure, err)
     for structure in ("full", "kfac"):  # the predictive's chunks of test inputs (row or layer rules)
         pst.predictive.linearized(fit(structure, progress=False), X, batch_size=30)
         jax.effects_barrier()
@@ -548,3 +552,48 @@ def test_low_rank_fsp_and_gp_fits_show_progress_bars(capsys, monkeypatch):
     fit_gp(RBF(1.0), X, X[:, 0], num_steps=5, progress=False)
     jax.effects_barrier()
     assert capsys.readouterr().err == ""
+
+
+def test_a_structure_registered_outside_the_library_fits_predicts_and_tunes(monkeypatch):
+    """A curvature structure written in a user's file alone: the GGN's diagonal mean times the identity (an isotropic
+    curvature). Registered, it fits over every weight and over the last layer, and its covariance, predictive and
+    evidence are the closed forms of ``(m I + alpha I)^-1``."""
+    import equinox as eqx
+
+    class Isotropic(S.StructuredGGN):
+        compile_fit = True
+        m: jax.Array
+        n: int = eqx.field(static=True)
+
+        @classmethod
+        def fit(cls, r):
+            return cls(jnp.mean(lo.diag(r.G)), r.G.shape[0])
+
+        def precision(self, alpha, scale):
+            return lo.Diagonal(jnp.broadcast_to(self.m / scale + alpha, (self.n,)), nonnegative=True)
+
+    monkeypatch.setitem(S.REGISTRY, "isotropic", Isotropic)
+    monkeypatch.setattr(Isotropic, "name", "isotropic", raising=False)
+    X, y = _data()
+    params, _, _, Phi = _blr(X, y)
+    data = (jnp.asarray(X), jnp.asarray(y)[:, None])
+    for spec, columns in (("all", slice(None)), (pst.weights.leaves(params, "W"), slice(0, 3))):
+        P_s = Phi[:, columns].shape[1]
+        post = pst.laplace(_dense, params, data, Gaussian(SIGMA), structure="isotropic", subset_of_weights=spec,
+                           prior_precision=ALPHA)
+        m = np.mean(np.sum(Phi[:, columns] ** 2, axis=0)) / SIGMA**2
+        assert post.structure == "isotropic"
+        assert_close(post.ggn.m, m, rtol=1e-10)
+        variance = 1.0 / (m + ALPHA)
+        x_new = np.array([[0.3, -1.0, 2.0]])
+        phi = np.hstack([x_new, np.ones((1, 1))])[:, columns]
+        assert_close(pst.predictive.linearized(post, jnp.asarray(x_new))[1][0, 0], variance * np.sum(phi**2),
+                     rtol=1e-9)
+        theta = np.asarray(ravel(params)[0])[columns]
+        expected = (-float(post.loss) - 0.5 * ALPHA * theta @ theta + 0.5 * P_s * np.log(ALPHA)
+                    - 0.5 * P_s * np.log(m + ALPHA))
+        assert_close(pst.marginal_log_likelihood(post), expected, rtol=1e-10)
+        tuned, report = pst.optimize_prior_precision(post, num_steps=100, progress=False)
+        assert report["log_marginal_likelihood"][-1] > report["log_marginal_likelihood"][0]
+        assert isinstance(eqx.filter_eval_shape(pst.laplace, _dense, params, data, Gaussian(SIGMA),
+                                                structure="isotropic", subset_of_weights=spec), pst.LaplacePosterior)

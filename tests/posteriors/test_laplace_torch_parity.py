@@ -20,6 +20,8 @@ from linops.models import from_equinox
 torch = pytest.importorskip("torch")
 laplace = pytest.importorskip("laplace")
 
+from tests.posteriors._axes import axes  # noqa: E402
+
 from ..linops._util import assert_close  # noqa: E402
 
 
@@ -61,7 +63,7 @@ def test_regression_ggn_predictive_and_evidence_match(structure):
                          hessian_structure="diag" if structure == "diag" else "full", sigma_noise=sigma,
                          prior_precision=alpha)
     la.fit(_loader(X, Y))
-    post = pst.laplace(fn, params, (jnp.asarray(X), jnp.asarray(Y)), Gaussian(sigma), structure=structure,
+    post = pst.laplace(fn, params, (jnp.asarray(X), jnp.asarray(Y)), Gaussian(sigma), **axes(structure),
                        prior_precision=alpha)
     ours = post.ggn.g if structure == "diag" else post.ggn.G
     assert_close(la.H.detach().numpy() / sigma**2, ours, rtol=1e-10, atol=1e-12)  # laplace-torch keeps H sigma^2

@@ -11,6 +11,7 @@ import linops as lo
 import posteriors as pst
 from linops.likelihoods import Bernoulli, Categorical
 from posteriors import predictive
+from tests.posteriors._axes import axes
 
 from ..linops._util import assert_close
 
@@ -26,7 +27,7 @@ def _problem(num_classes=7):
 @pytest.mark.parametrize("structure", ["full", "diag", "kfac", "last_layer", "lowrank"])
 def test_variances_from_blocks_of_outputs_equal_the_dense_reference(structure, monkeypatch):
     fn, params, X, y = _problem()
-    post = pst.laplace(fn, params, (X, y), Categorical(), structure=structure, prior_precision=0.7,
+    post = pst.laplace(fn, params, (X, y), Categorical(), **axes(structure), prior_precision=0.7,
                        rank=10, key=jax.random.key(2))
     Xt = jax.random.normal(jax.random.key(3), (5, 3), jnp.float64)
     J = np.asarray(lo.JacobianOp(fn, params, Xt).as_matrix())  # (M O, P) example-major
@@ -92,7 +93,7 @@ def test_every_structures_predictive_on_the_small_architectures_is_the_dense_ref
     P = J.shape[1]
     for structure, options in (("diag", {}), ("kfac", {}), ("last_layer", {}), ("full", {}),
                                ("lowrank", {"rank": 8, "key": jax.random.key(3)})):
-        post = pst.laplace(fn, params, (X, y), Categorical(), structure=structure, prior_precision=3.0, **options)
+        post = pst.laplace(fn, params, (X, y), Categorical(), **axes(structure), prior_precision=3.0, **options)
         if structure == "kfac":  # convolutions and dense layers (per token too) in Kronecker factors, the rest diagonal
             expected = {"lenet5": set(), "nnx_cnn": set(), "resnet": {"weight", "bias"},
                         "vit": {"weight", "bias", "cls_token", "positions"}}[name]

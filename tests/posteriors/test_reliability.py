@@ -17,6 +17,7 @@ from linops.kernels import Matern32
 from linops.likelihoods import Gaussian
 from posteriors.projected import optimal_prior_precision
 from tests.linops._util import assert_close
+from tests.posteriors._axes import axes
 
 
 def _linear(P=20, N=5, dtype=jnp.float64, seed=0):
@@ -77,8 +78,8 @@ def test_a_precision_that_is_not_positive_definite_in_float32_is_refused(structu
             pst.subnetwork_laplace(fn, w, (X, y), Gaussian(1.0), sub, prior_precision=1e-9, rescale_prior=False)
         return
     with pytest.raises(ValueError, match=match):
-        pst.laplace(fn, w, (X, y), Gaussian(1.0), structure=structure, prior_precision=1e-9)
-    post = pst.laplace(fn, w, (X, y), Gaussian(1.0), structure=structure, prior_precision=1.0)
+        pst.laplace(fn, w, (X, y), Gaussian(1.0), **axes(structure), prior_precision=1e-9)
+    post = pst.laplace(fn, w, (X, y), Gaussian(1.0), **axes(structure), prior_precision=1.0)
     assert bool(jnp.all(jnp.isfinite(post.sample(jax.random.key(0), 3))))
     with pytest.raises(ValueError, match="with_prior: .*" + match):
         post.with_prior(1e-9)
@@ -164,7 +165,7 @@ def test_laplace_under_jit_equals_the_eager_posterior(structure):
     kw = {"rank": 6, "key": jax.random.key(2)} if structure == "lowrank" else {}
 
     def fit(params, X, y, alpha):
-        return pst.laplace(fn, params, (X, y), Categorical(), structure=structure, prior_precision=alpha, **kw)
+        return pst.laplace(fn, params, (X, y), Categorical(), **axes(structure), prior_precision=alpha, **kw)
 
     eager = fit(params, X, y, 0.7)
     jitted = eqx.filter_jit(fit)(params, X, y, jnp.asarray(0.7))

@@ -155,7 +155,7 @@ def test_the_predictive_plans_its_row_chunks_with_the_whole_model(monkeypatch):
     T = X[:9] + 0.3
     _, var = pst.predictive.linearized(post, T)
     assert seen == [P]
-    idx = np.asarray(post.subset)
+    idx = np.asarray(post.weights.indices)
     flat, unravel = ravel(params)
     J = jax.jacfwd(lambda w: jax.vmap(fn, in_axes=(None, 0))(unravel(w), T))(flat)[..., idx]  # (M, O, S)
     cov = np.asarray(post.ggn.covariance(post.prior_precision, post.noise_scale, post.factor).as_matrix())
