@@ -20,13 +20,12 @@ from linops import (
     tags,
 )
 from linops._base import LinearOperator
-from linops._composite import Inverse, Product, Scaled, Sum, Transpose
+from linops._composite import Scaled, Sum
 from linops._depth import ExpressionTooDeepError, max_nesting, nesting_depth
 from linops._eigen import EigenDecomposed
 from linops._factorizations import LU, Cholesky, Triangular
 from linops._functions import (
     Estimate,
-    Solution,
     diag,
     eigendecompose,
     eigh,
@@ -46,9 +45,11 @@ from linops._lanczos import Lanczos, LanczosLowRankOp, lanczos
 from linops._leaves import Dense, Diagonal, FunctionOp, Identity, Zero
 from linops._lineax import LineaxOp, from_lineax, to_lineax
 from linops._lower import Lowered, count_matmuls, explain, lower
+from linops._products import Inverse, Product, Transpose
 from linops._projector import Complement, ProjectorOp
 from linops._rules import RULES, NoReduction, Rule, simplify
 from linops._sharding import sharded_mm
+from linops._solvers import Solution
 from linops._structured import BlockDiagonal, Kronecker, LowRank, Selection
 from linops.kernels import KernelGramOp
 from linops.nn import (  # the network operators, re-exported: lo.GGNOp is linops.nn.GGNOp

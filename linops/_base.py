@@ -12,7 +12,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Inexact
 
 from linops import _tags
-from linops._arrays import describe, is_scalar_like  # noqa: F401  (re-exported: defined here before)
+from linops._arrays import describe, is_scalar_like
 from linops.memory import check_dense
 
 _COMPOSITES: dict[str, Any] = {}

@@ -34,7 +34,7 @@ from linops._base import (
 )
 from linops._depth import composite_levels, nesting_depth
 from linops._eigen import EigenDecomposed
-from linops._products import Inverse, Product, Transpose, inverse_of, transpose_signature
+from linops._products import Product, Transpose, inverse_of
 
 _SUM_CLOSED_FORMS: dict[str, list[Callable]] = {}
 
@@ -284,5 +284,4 @@ class Scaled(LinearOperator):
 
 register_composites(Sum=Sum, Product=Product, Scaled=Scaled, Transpose=Transpose)
 
-__all__ = ["Inverse", "Product", "Scaled", "Sum", "Transpose", "inverse_of", "register_sum_closed_form",
-           "transpose_signature"]
+__all__ = ["Scaled", "Sum", "constant_product", "register_sum_closed_form"]

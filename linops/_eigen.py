@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from linops import _tags
-from linops._arrays import as_matrix_array, cutoff_inverse, is_known_nonnegative
-from linops._base import LinearOperator, describe
+from linops._arrays import as_matrix_array, cutoff_inverse, describe, is_known_nonnegative
+from linops._base import LinearOperator
 
 
 class EigenDecomposed(LinearOperator):

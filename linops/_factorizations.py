@@ -15,8 +15,8 @@ import jax.scipy.linalg as jsl
 from jax import lax
 
 from linops import _tags
-from linops._arrays import as_matrix_array
-from linops._base import LinearOperator, describe
+from linops._arrays import as_matrix_array, describe
+from linops._base import LinearOperator
 
 
 def _columns(b):

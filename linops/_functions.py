@@ -14,11 +14,12 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Inexact, PRNGKeyArray
 
 from linops import _tags
-from linops._arrays import is_known_nonnegative
-from linops._base import LinearOperator, check_square, describe
-from linops._composite import Scaled, Sum, inverse_of
+from linops._arrays import describe, is_known_nonnegative
+from linops._base import LinearOperator, check_square
+from linops._composite import Scaled, Sum
 from linops._eigen import EigenDecomposed
 from linops._leaves import Dense, Identity, check_vector
+from linops._products import inverse_of
 from linops._solvers import Solution, closed_form, solve_checked
 from linops._structured import Selection
 
@@ -491,5 +492,5 @@ def eigh(A: LinearOperator, *, method: str | None = None) -> tuple[Float[Array, 
     return Dense(A.as_matrix(), tags={_tags.symmetric})._eigh()
 
 
-__all__ = ["Solution", "Estimate", "shift", "solve", "inv", "pinv", "sqrt", "diag", "trace", "logdet", "eigh",
+__all__ = ["Estimate", "shift", "solve", "inv", "pinv", "sqrt", "diag", "trace", "logdet", "eigh",
            "hutchinson", "factorize", "root", "eigendecompose", "eigvalsh"]

@@ -29,7 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from linops._base import LinearOperator, describe
+from linops._arrays import describe
+from linops._base import LinearOperator
 from linops._structured import LowRank
 from linops._tags import symmetric
 from linops.runtime._progress import check_label, finish_after, tick

@@ -12,14 +12,14 @@ import numpy as np
 from jax import lax
 
 from linops import _tags
-from linops._arrays import (  # noqa: F401  (re-exported: the helpers were defined here before)
+from linops._arrays import (
     as_matrix_array,
     cutoff_inverse,
     default_float,
-    default_rtol,
+    describe,
     is_known_nonnegative,
 )
-from linops._base import LinearOperator, describe, user_tags
+from linops._base import LinearOperator, user_tags
 from linops._eigen import EigenDecomposed
 from linops._factorizations import LU, Cholesky, Triangular
 from linops.memory import check_dense

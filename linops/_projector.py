@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 
 from linops import _tags
-from linops._base import LinearOperator, describe
+from linops._arrays import describe
+from linops._base import LinearOperator
 from linops._leaves import Dense
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from linops import _tags
 from linops._base import LinearOperator
-from linops._composite import Inverse, Product, Scaled, Sum, Transpose, constant_product
+from linops._composite import Scaled, Sum, constant_product
 from linops._leaves import Diagonal, Identity, Zero
+from linops._products import Inverse, Product, Transpose
 from linops._projector import Complement, ProjectorOp
 from linops._structured import Selection
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from linops import _tags
-from linops._composite import Product, Scaled, Sum, register_sum_closed_form
+from linops._composite import Scaled, Sum, register_sum_closed_form
 from linops._leaves import Dense, Diagonal, Identity
+from linops._products import Product
 from linops._structured import LowRank, Selection
 
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from posteriors.fsp import FSPInfo, FSPLaplacePosterior, GPPrior, fsp_laplace, fsp_objective, rkhs_norm
     from posteriors.gaussian import GaussianPosterior, LowRankPosterior
     from posteriors.io import load, save
-    from posteriors.laplace_family import STRUCTURES, LaplacePosterior, laplace, last_layer_leaves
+    from posteriors.laplace_family import STRUCTURES, LaplacePosterior, laplace
     from posteriors.marglik import marginal_log_likelihood, optimize_prior_precision
     from posteriors.projected import (
         ProjectedPosterior,
@@ -34,13 +34,15 @@ if TYPE_CHECKING:
     )
     from posteriors.subnetwork import Subnetwork, subnetwork_laplace
     from posteriors.swag_posterior import SWAGPosterior, swag
+    from posteriors.weights import last_layer_leaves
 
 _SUBMODULES = ("context", "data", "metrics", "predictive", "subnetwork", "weights")
 _HOMES = {
     "posteriors.fsp": ("FSPInfo", "FSPLaplacePosterior", "GPPrior", "fsp_laplace", "fsp_objective", "rkhs_norm"),
     "posteriors.gaussian": ("GaussianPosterior", "LowRankPosterior"),
     "posteriors.io": ("load", "save"),
-    "posteriors.laplace_family": ("STRUCTURES", "LaplacePosterior", "laplace", "last_layer_leaves"),
+    "posteriors.laplace_family": ("STRUCTURES", "LaplacePosterior", "laplace"),
+    "posteriors.weights": ("last_layer_leaves",),
     "posteriors.marglik": ("marginal_log_likelihood", "optimize_prior_precision"),
     "posteriors.projected": ("ProjectedPosterior", "loss_projected_posterior", "optimal_prior_precision",
                              "projected_posterior"),

@@ -31,8 +31,8 @@ import numpy as np
 
 import linops as lo
 from linops.likelihoods import Gaussian, Likelihood
-from linops.models import canonical_convolutions, ravel
-from linops.runtime import batched_map, has_conv, program, tick
+from linops.models import ravel
+from linops.runtime import batched_map, canonical_convolutions, has_conv, program, tick
 from posteriors._checks import check_data, check_likelihood, check_params
 from posteriors._training import check_step_settings, minibatch_loss, positive_int
 

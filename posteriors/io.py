@@ -13,8 +13,8 @@ complete and on disk, so an interrupted save or a full disk leaves the previous 
 `load` reads no array before the file passed its checks (length, checksum) and the template
 ``like`` matched it (class, leaves, static fields). Functions (the model ``fn``, ``unravel``)
 cannot be stored without running code on load: they come from the template, which costs nothing
-to build with ``equinox.filter_eval_shape`` (see `load`). Files written by posteriors 0.1.0
-(format 1: no checksum, no static fields) still load, with the checks that format allows.
+to build with ``equinox.filter_eval_shape`` (see `load`). Files of format 1 (no checksum, no
+static fields; written before the first release) are refused with an error that says so.
 Samples after a round trip are the same bit for bit under the same key.
 """
 
@@ -331,29 +331,6 @@ def _read_leaves(f, header, like):
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), leaves)
 
 
-def _legacy_header(post):
-    leaves = [x for x in jax.tree_util.tree_leaves(post) if eqx.is_array_like(x) or isinstance(x, jax.ShapeDtypeStruct)]
-    return {
-        "class": type(post).__name__,
-        "structure": getattr(post, "structure", None),
-        "shapes": [list(np.shape(x)) for x in leaves],
-        "dtypes": [str(np.dtype(x.dtype)) for x in leaves],
-    }
-
-
-def _load_format_1(f, path, header, like):
-    """A file of posteriors 0.1.0: a JSON line, then Equinox's serialisation (``numpy.load``, no pickle)."""
-    expected = _legacy_header(like)
-    for key in ("class", "structure", "shapes", "dtypes"):
-        if header.get(key) != expected[key]:
-            raise _mismatch(path, header, key, f"{header.get(key)} in the file, {expected[key]} in the template")
-    try:
-        return eqx.tree_deserialise_leaves(f, like)
-    except (EOFError, ValueError, OSError, RuntimeError) as err:  # Equinox wraps numpy's error in a RuntimeError
-        raise ValueError(f"load: {path} (format 1, written by posteriors 0.1.0 without a checksum) cannot be read, "
-                         f"it is probably truncated: {err.__cause__ or err}") from None
-
-
 def load(path, like):
     """Read a posterior saved by `save`, into the structure of the template ``like``.
 
@@ -362,8 +339,8 @@ def load(path, like):
     functions and the static fields a file cannot hold come from it. Before any array is
     read, the file's length and checksum are checked, then the template against the file:
     same class, same leaves (paths, shapes, dtypes), same static fields (``num_examples``,
-    ``structure``, ...). A file of format 1 (posteriors 0.1.0) is read with the checks it
-    allows (class, structure, shapes, dtypes); `save` it again to get the others.
+    ``structure``, the selection of weights' leaves, ...). A file of format 1 (before the first
+    release) is refused.
 
     Raises:
         TypeError: ``like`` is not a posterior.
@@ -395,10 +372,12 @@ def load(path, like):
         size = os.fstat(f.fileno()).st_size
         line, header = _read_header(f, path, size)
         if header["format"] == 1:
-            return _load_format_1(f, path, header, like)
+            raise ValueError(f"load: {path} has file format 1 (posteriors before its first release: no checksum, "
+                             f"no static fields), which this version does not read; it reads format {_FORMAT}. Fit "
+                             "the posterior again and save it")
         if header["format"] != _FORMAT:
             raise ValueError(f"load: {path} was written by a newer version of posteriors (file format "
-                             f"{header['format']}; this version reads formats 1 and {_FORMAT}): upgrade posteriors")
+                             f"{header['format']}; this version reads format {_FORMAT}): upgrade posteriors")
         _check_integrity(f, path, line, size, header)
         _compare(path, header, expected)
         f.seek(len(line))

@@ -27,7 +27,6 @@ from posteriors import weights as W
 from posteriors._checks import check_data, check_likelihood, check_params
 from posteriors._prior import canonical_prior, check_sigma, noise_scale
 from posteriors.gaussian import GaussianPosterior
-from posteriors.weights import last_layer_leaves
 
 STRUCTURES = tuple(S.REGISTRY)
 """The curvature structures `laplace` accepts as ``structure=`` (`posteriors._structures.REGISTRY`)."""
@@ -335,4 +334,4 @@ def make_posterior(fn, params, X, Y, likelihood, ggn, alpha, weights=None, terms
                             factor=factor)
 
 
-__all__ = ["LaplacePosterior", "STRUCTURES", "laplace", "last_layer_leaves"]
+__all__ = ["LaplacePosterior", "STRUCTURES", "laplace"]

@@ -40,8 +40,8 @@ import numpy as np
 
 import linops as lo
 from linops.likelihoods import Likelihood
-from linops.models import canonical_convolutions, ravel
-from linops.runtime import program, tick
+from linops.models import ravel
+from linops.runtime import canonical_convolutions, program, tick
 from posteriors._checks import check_data, check_likelihood, check_params
 from posteriors._training import check_step_settings, minibatch_loss, positive_int
 from posteriors.gaussian import GaussianPosterior

@@ -155,3 +155,44 @@ def test_the_runtime_is_the_bottom_layer():
     assert runtime, "linops.runtime not found"
     assert not {m: sorted(d for d in deps if not d.startswith("linops.runtime")) for m, deps in runtime.items()
                 if any(not d.startswith("linops.runtime") for d in deps)}
+
+
+# A public module that presents one private module under its public name: the only re-exports allowed
+# outside a package's __init__.
+FACADES = {"linops/tags.py": "linops._tags"}
+
+
+def _reexports(source: str) -> list[str]:
+    """The names of a module's ``__all__`` that it imports from another module instead of defining."""
+    tree = ast.parse(source)
+    listed, defined, imported = [], set(), set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Name):
+                    defined.add(target.id)
+                    if target.id == "__all__":
+                        listed = [e.value for e in node.value.elts]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            imported.update((a.asname or a.name).split(".")[0] for a in node.names)
+    noqa = [line.strip() for line in source.splitlines() if "import" in line and "noqa: F401" in line]
+    return [n for n in listed if n in imported and n not in defined] + noqa
+
+
+def test_the_reexport_check_finds_planted_ones():
+    planted = ("from ._products import Product\nfrom .x import y  # noqa: F401\n"
+               "def f(): ...\n__all__ = ['Product', 'f']\n")
+    assert _reexports(planted) == ["Product", "from .x import y  # noqa: F401"]
+    assert _reexports("import numpy as np\ndef f(): ...\n__all__ = ['f']\n") == []
+
+
+@pytest.mark.parametrize("path", sorted(p for root in (LINOPS, POSTERIORS) for p in root.rglob("*.py")
+                                        if p.name != "__init__.py"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_reexports_another_modules_names(path):
+    """A name lives in one module: outside a package's ``__init__`` (and the public facades of `FACADES`), no
+    module lists in ``__all__``, or keeps as an unused import, a name it imports from another."""
+    if str(path.relative_to(ROOT)) in FACADES:
+        return
+    assert _reexports(path.read_text()) == []

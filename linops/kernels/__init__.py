@@ -34,16 +34,3 @@ __all__ = [
     "Linear", "Matern12", "Matern32", "Matern52", "Periodic", "ProductKernel", "RationalQuadratic", "RBF",
     "ScaledKernel", "Stationary", "SumKernel", "White",
 ]
-
-_RENAMED = {"Sum": "SumKernel", "Product": "ProductKernel", "Scaled": "ScaledKernel"}
-
-
-def __getattr__(name):
-    # The combinators were named like linops.Sum/Product/Scaled (operators); the old names still work.
-    if name in _RENAMED:
-        import warnings
-
-        warnings.warn(f"linops.kernels.{name} is deprecated: it is linops.kernels.{_RENAMED[name]} (linops.{name} is "
-                      "the operator of that name)", DeprecationWarning, stacklevel=2)
-        return globals()[_RENAMED[name]]
-    raise AttributeError(f"module 'linops.kernels' has no attribute {name!r}")

@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 
 from linops import _tags
-from linops._base import LinearOperator, describe
+from linops._arrays import describe
+from linops._base import LinearOperator
 from linops._cg import cg
 from linops.nn import _sweeps
 from linops.nn._rowblocks import RowBlocks

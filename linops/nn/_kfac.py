@@ -35,11 +35,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linops.likelihoods import Likelihood
 from linops.memory import check_fits
 from linops.nn._operators import _check_batch_size, _check_likelihood, _check_model
 from linops.nn.layers import kernel_leaves, tapped_vjp
 from linops.nn.layers import trace_layers as _trace
-from linops.nn.likelihoods import Likelihood
 from linops.runtime._batching import check_mesh, num_examples, sharded_sum
 from linops.runtime._progress import check_label
 

@@ -18,10 +18,10 @@ from jax import lax
 
 from linops import _tags
 from linops._base import LinearOperator
+from linops.likelihoods import Likelihood
+from linops.models import example_spec, ravel, unravel_of
 from linops.nn._layer_dense import dense_chunk, dense_only, layer_dense_ggn
 from linops.nn._layer_diag import layer_diag, layer_plan
-from linops.nn.likelihoods import Likelihood
-from linops.nn.models import example_spec, ravel, unravel_of
 from linops.runtime._batching import check_mesh as _check_mesh
 from linops.runtime._batching import num_examples, sharded_map, sharded_sum
 from linops.runtime._progress import check_label

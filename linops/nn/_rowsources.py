@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from linops.models import ravel, unravel_of
 from linops.nn._operators import _check_model
-from linops.nn.models import ravel, unravel_of
 
 _WHO = "AlternatingProjectionOp"
 

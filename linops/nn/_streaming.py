@@ -10,9 +10,9 @@ import numpy as np
 
 from linops import _tags
 from linops._base import LinearOperator
+from linops.likelihoods import Likelihood
+from linops.models import ravel
 from linops.nn._operators import _check_likelihood, _check_model, ggn_batch_product
-from linops.nn.likelihoods import Likelihood
-from linops.nn.models import ravel
 from linops.runtime import _progress
 from linops.runtime._compile import program
 

@@ -21,7 +21,7 @@ Examples:
 
 from linops.runtime._batching import batched_map, batched_sum
 from linops.runtime._compile import program
-from linops.runtime._conv_layout import has_conv
+from linops.runtime._conv_layout import canonical_convolutions, has_conv
 from linops.runtime._progress import new_bar, tick, update
 
-__all__ = ["batched_map", "batched_sum", "has_conv", "new_bar", "program", "tick", "update"]
+__all__ = ["batched_map", "batched_sum", "canonical_convolutions", "has_conv", "new_bar", "program", "tick", "update"]

@@ -119,7 +119,7 @@ def canonical_convolutions(fn):
 
     Examples:
         >>> import jax, jax.numpy as jnp
-        >>> from linops.models import canonical_convolutions
+        >>> from linops.runtime import canonical_convolutions
         >>> w = jnp.ones((4, 3, 2, 2))                        # OIHW
         >>> f = lambda x: jax.lax.conv_general_dilated(x, w, (1, 1), "VALID")   # NCHW
         >>> x = jnp.arange(2 * 3 * 5 * 5.0).reshape(2, 3, 5, 5)

@@ -23,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from linops import _tags
-from linops._base import LinearOperator, describe
+from linops._arrays import describe
+from linops._base import LinearOperator
 
 DENSE_MAX = 64
 """Largest side compared densely; above it checks use `num_probes` random vectors."""

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from linops.models import canonical_convolutions, ravel
-from linops.runtime import update
-from posteriors.experiments.methods import LABELS, METHODS  # noqa: F401  (re-exported to the experiments)
+from linops.models import ravel
+from linops.runtime import canonical_convolutions, update
+from posteriors.experiments.methods import METHODS
 
 
 def check_methods(methods, known=METHODS) -> tuple:

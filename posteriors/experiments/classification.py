@@ -40,11 +40,12 @@ import posteriors as pst
 from linops.kernels import RBF
 from linops.likelihoods import Categorical
 from linops.memory import MemoryBudgetError
-from linops.models import canonical_convolutions, from_equinox, ravel
+from linops.models import from_equinox, ravel
+from linops.runtime import canonical_convolutions
 from posteriors import data as pdata
 from posteriors import metrics
-from posteriors.experiments._common import LABELS, Log, check_methods, pyplot, train_map, write_table
-from posteriors.experiments.methods import CLASSIFICATION_METHODS, DEFAULT_METHODS, LAPLACE_AXES
+from posteriors.experiments._common import Log, check_methods, pyplot, train_map, write_table
+from posteriors.experiments.methods import CLASSIFICATION_METHODS, DEFAULT_METHODS, LABELS, LAPLACE_AXES
 
 ARCHITECTURES = ("mlp", "lenet5", "resnet")
 """The networks `Config.architecture` names: a tanh MLP, the classic LeNet-5 (ReLU, 61,706 parameters on

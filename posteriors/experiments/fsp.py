@@ -30,7 +30,8 @@ import optax
 import posteriors as pst
 from linops.kernels import RBF, Matern12, Matern52, Periodic, RationalQuadratic, fit_gp
 from linops.likelihoods import Categorical, Gaussian
-from linops.models import canonical_convolutions, from_equinox
+from linops.models import from_equinox
+from linops.runtime import canonical_convolutions
 from posteriors import data as pdata
 from posteriors.experiments._common import pyplot, train_map, write_table
 

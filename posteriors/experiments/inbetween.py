@@ -24,8 +24,8 @@ from linops.likelihoods import Gaussian
 from linops.models import from_equinox, ravel
 from posteriors import data as pdata
 from posteriors import metrics
-from posteriors.experiments._common import LABELS, METHODS, Log, check_methods, pyplot, train_map, write_table
-from posteriors.experiments.methods import LAPLACE_AXES
+from posteriors.experiments._common import Log, check_methods, pyplot, train_map, write_table
+from posteriors.experiments.methods import LABELS, LAPLACE_AXES, METHODS
 
 GAP = (-0.6, 0.4)
 

@@ -36,7 +36,8 @@ import optax
 import linops as lo
 import posteriors as pst
 from linops.likelihoods import Categorical, Gaussian
-from linops.models import canonical_convolutions, from_equinox, ravel
+from linops.models import from_equinox, ravel
+from linops.runtime import canonical_convolutions
 from posteriors import data as pdata
 from posteriors.experiments._common import pyplot, train_map
 

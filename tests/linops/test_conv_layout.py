@@ -1,4 +1,4 @@
-"""`linops.models.canonical_convolutions`: the same values and derivatives, every convolution (nested in
+"""`linops.runtime.canonical_convolutions`: the same values and derivatives, every convolution (nested in
 jitted calls, branches and loops too) in the CPU backend's fast layout."""
 
 import re
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linops.models import canonical_convolutions
+from linops.runtime import canonical_convolutions
 
 CASES = [  # (input shape, kernel shape, strides, padding, lhs dilation, rhs dilation, dimension numbers, groups)
     ((2, 6, 9, 8), (8, 3, 3, 2), (2, 1), ((1, 2), (0, 1)), (1, 1), (2, 1), ("NCHW", "OIHW", "NCHW"), 2),

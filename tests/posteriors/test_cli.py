@@ -41,7 +41,7 @@ def test_help_loads_no_jax_and_names_each_commands_methods_and_default():
     assert "(default: map, diag, last_layer, kfac, lowrank, subnetwork, projected, loss_projected, fsp)" in demo
     from posteriors.experiments import _common, methods
 
-    assert _common.METHODS is methods.METHODS and "full" not in methods.DEFAULT_METHODS
+    assert _common.check_methods(("full",)) == ("full",) and "full" not in methods.DEFAULT_METHODS
 
 
 def test_bad_arguments_fail_before_any_work(tmp_path, capsys):
