@@ -33,6 +33,7 @@ from linops.nn import _sweeps
 from linops.nn._rowblocks import RowBlocks
 from linops.nn._rowsources import jacobian_rows, loss_jacobian_rows, matrix_rows
 from linops.runtime import _progress
+from linops.runtime._compile import program
 
 
 class Projection(eqx.Module):
@@ -184,7 +185,9 @@ class AlternatingProjectionOp(LinearOperator):
         return _symmetric_sweep_jit(self, v)
 
     def _sweep(self, v, symmetric=False):
-        return (_sweeps.split if self.split_sweeps else _sweeps.sequential)(self.blocks, v, symmetric)
+        # with a progress bar, Ctrl-C is watched for after every batch (a sweep over many batches can take seconds)
+        return (_sweeps.split if self.split_sweeps else _sweeps.sequential)(self.blocks, v, symmetric,
+                                                                            watch=self.progress)
 
     def project(self, x) -> Projection:
         """$\\Pi x$ with its diagnostics (a `Projection`).
@@ -309,10 +312,12 @@ class AlternatingProjectionOp(LinearOperator):
 
 
 
-_project_jit = jax.jit(lambda A, x: A._project(x))
-_sweep_jit = jax.jit(lambda A, v: A._sweep(v))
-_ring_jit = jax.jit(lambda A, V: A._ring_project(V))
-_symmetric_sweep_jit = jax.jit(lambda A, v: A._sweep(v, symmetric=True))
+# compiled as a public call's program (`linops.runtime.program`): one per operator structure, and Ctrl-C stops a
+# projection at its next batch (with a progress bar) instead of after its last sweep
+_project_jit = program(lambda A, x: A._project(x))
+_sweep_jit = program(lambda A, v: A._sweep(v))
+_ring_jit = program(lambda A, V: A._ring_project(V))
+_symmetric_sweep_jit = program(lambda A, v: A._sweep(v, symmetric=True))
 _PATIENCE = 50  # CG steps without a new smallest residual before the projection stops
 
 

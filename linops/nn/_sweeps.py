@@ -27,30 +27,38 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from linops.runtime import _interrupt
 from linops.runtime._batching import leaf_specs
 from linops.runtime._conv_layout import canonical_convolutions
 
 
-def scan(blocks, t, batches, reverse=False):
-    """$Q$ of each of ``batches`` in turn (in reverse order with ``reverse``) on a pytree ``t``."""
-    step = canonical_convolutions(lambda t, b: (blocks.project_out(t, b), None))  # fast convolutions in a loop
-    return lax.scan(step, t, batches, reverse=reverse)[0]
+def scan(blocks, t, batches, reverse=False, watch=False):
+    """$Q$ of each of ``batches`` in turn (in reverse order with ``reverse``) on a pytree ``t``; ``watch``: after
+    each batch, a host callback that stops the program if Ctrl-C was pressed (`linops.runtime._interrupt`)."""
+
+    def step(t, b):
+        t = blocks.project_out(t, b)
+        if watch:  # anchored on the batch's result, so that it runs once the batch is done
+            jax.debug.callback(lambda _: _interrupt.check(), jnp.ravel(jax.tree_util.tree_leaves(t)[0])[:1])
+        return t, None
+
+    return lax.scan(canonical_convolutions(step), t, batches, reverse=reverse)[0]  # fast convolutions in a loop
 
 
-def symmetric_scan(blocks, t, batches):
+def symmetric_scan(blocks, t, batches, watch=False):
     r"""Forward through ``batches``, then back: $Q_1 \cdots Q_B Q_B \cdots Q_1$, which is the symmetric sweep
     ($Q_B Q_B = Q_B$, a projector). The last batch is applied twice rather than left out of the way back:
     slicing it off would copy every batch's stored linearisation (as much memory again as the operator)."""
-    return scan(blocks, scan(blocks, t, batches), batches, reverse=True)
+    return scan(blocks, scan(blocks, t, batches, watch=watch), batches, reverse=True, watch=watch)
 
 
-def sequential(blocks, v, symmetric=False):
+def sequential(blocks, v, symmetric=False, watch=False):
     r"""$Q_B \cdots Q_1 v$ (or the symmetric sweep) over all batches, in order."""
     local = symmetric_scan if symmetric else scan
-    return blocks.to_flat(local(blocks, blocks.to_tree(v), blocks.batches()))
+    return blocks.to_flat(local(blocks, blocks.to_tree(v), blocks.batches(), watch=watch))
 
 
-def split(blocks, v, symmetric=False):
+def split(blocks, v, symmetric=False, watch=False):
     r"""$\frac1D \sum_d$ (device $d$'s sweep over its own batches) $v$: each device on its own factors."""
     from jax.sharding import PartitionSpec
 
@@ -58,7 +66,8 @@ def split(blocks, v, symmetric=False):
     local_sweep = symmetric_scan if symmetric else scan
 
     def local(batches):
-        return lax.psum(blocks.to_flat(local_sweep(blocks, blocks.to_tree(v), batches)), blocks.axis) / devices
+        return lax.psum(blocks.to_flat(local_sweep(blocks, blocks.to_tree(v), batches, watch=watch)),
+                        blocks.axis) / devices
 
     batches = blocks.batches()
     return jax.shard_map(local, mesh=blocks.mesh, in_specs=(leaf_specs(batches, PartitionSpec(blocks.axis)),),

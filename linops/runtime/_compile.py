@@ -8,7 +8,8 @@ seconds of the first fit + first class-probability predictive) the option cut th
 steady fits and 10-20% in the steady diagonal and KFAC predictives (side by side, `docs/howto/speed.md`).
 Other back ends ignore it. A jaxlib that does not know the option gets the plain program (once refused,
 never asked again), and so does a call inside another trace (the option belongs to the outermost program,
-which inlines this one).
+which inlines this one). A top-level call can be stopped with Ctrl-C at its next progress tick
+(`linops.runtime._interrupt`): it then waits for its program's result before returning.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import functools
 
 import equinox as eqx
 import jax
+
+from linops.runtime import _interrupt
 
 COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 _REFUSED = "No such compile option"
@@ -47,9 +50,21 @@ def program(fn=None, **jitkwargs):
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if _known[0] and not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
+            return plain(*args, **kwargs)  # inside another trace: the outermost program's options apply
+        with _interrupt.interruptible():
             try:
-                return fast(*args, **kwargs)
+                return _run(args, kwargs)
+            except (jax.errors.JaxRuntimeError, _interrupt.Interrupted):
+                if _interrupt.was_interrupted():
+                    raise KeyboardInterrupt(f"{getattr(fn, '__name__', 'program')} stopped by Ctrl-C") from None
+                raise
+
+    def _run(args, kwargs):
+        out = None
+        if _known[0]:
+            try:
+                out = fast(*args, **kwargs)
             except jax.errors.JaxRuntimeError as error:
                 if _REFUSED not in str(error):
                     raise
@@ -57,6 +72,10 @@ def program(fn=None, **jitkwargs):
             except ValueError as error:  # inside a trace all the same (a closure over traced values)
                 if _NESTED not in str(error):
                     raise
-        return plain(*args, **kwargs)
+                return plain(*args, **kwargs)
+        if out is None and not _known[0]:
+            out = plain(*args, **kwargs)
+        # while Ctrl-C can stop the program, wait for it here (the progress callbacks watch for it meanwhile)
+        return jax.block_until_ready(out) if _interrupt.active() else out
 
     return call

@@ -14,6 +14,8 @@ import sys
 import jax
 import jax.numpy as jnp
 
+from linops.runtime import _interrupt
+
 DELAY = 2.0
 """Seconds an operation runs before its bar appears."""
 
@@ -59,6 +61,7 @@ def update(label, unit, done, total, note="", close_at_total=True):
         >>> for step in range(1, 4):
         ...     update("training", "step", step, 3, note=f"loss {1 / step:.2f}")   # the third step closes it
     """
+    _interrupt.check()  # Ctrl-C since the call began: abort its program here
     done, total = int(done), int(total)
     bar = _BARS.get(label)
     if bar is None or done <= 1 or done < bar.n:  # a new run of the operation
@@ -75,6 +78,7 @@ def update(label, unit, done, total, note="", close_at_total=True):
 def finish(label: str, note: str = "", done: int | None = None) -> None:
     """On the host: end the open bar of ``label`` at ``done`` steps (default: where it stands), which become
     its total (an operation that stopped early, such as a converged iteration), with ``note`` beside it."""
+    _interrupt.check()
     bar = _BARS.get(label)
     if bar is not None:
         if done is not None:

@@ -1,0 +1,73 @@
+"""Ctrl-C stops a long compiled program at its next progress callback, with a clean ``KeyboardInterrupt``.
+
+Each case runs in a fresh process (Python's signal handling belongs to its main thread) that sends itself SIGINT
+once a computation that would otherwise run for hours is running (its first progress update has happened: the
+program is compiled and XLA runs it, so the main thread is waiting in the runtime), and prints how it ended.
+The subprocess's timeout only guards against a hang; nothing here asserts a duration.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests._env import user_env
+
+PREAMBLE = """
+import os, signal, threading, time
+import jax, jax.numpy as jnp
+def interrupt_when_running():
+    from linops.runtime import _progress
+    def watch():
+        while not _progress._BARS:   # no progress update yet: still compiling, or not started
+            time.sleep(0.01)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=watch, daemon=True).start()
+def run(call):
+    try:
+        call()
+        print("FINISHED")
+    except KeyboardInterrupt:
+        print("INTERRUPTED")
+    except BaseException as e:
+        print("OTHER", type(e).__name__, str(e)[:300])
+"""
+
+PROGRAM = """
+from linops.runtime import program, tick
+@program
+def long(x, label="long"):
+    def step(i, x):
+        tick(label, i + 1, 10**9, unit="step")
+        return x + 1e-9 * jnp.sin(x)
+    return jax.lax.fori_loop(0, 10**9, step, x)
+long(jnp.ones(2), label=None)        # compiled (no ticks): not the run that is interrupted
+interrupt_when_running()
+run(lambda: long(jnp.ones(3)))
+"""
+
+PROJECTION = """
+import equinox as eqx
+import linops as lo
+from linops.models import from_equinox
+fn, params = from_equinox(eqx.nn.MLP(64, 4, 64, 2, key=jax.random.key(0)))
+X = jax.random.normal(jax.random.key(1), (200, 64))
+A = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4, max_sweeps=10**8, rtol=1e-30,
+                                             method="plain", progress=True)
+interrupt_when_running()
+run(lambda: A.project(jax.random.normal(jax.random.key(2), (A.shape[0],))).value.block_until_ready())
+print("AFTER", float(jnp.sum(jnp.ones(3))))   # the process goes on working
+"""
+
+
+@pytest.mark.parametrize("case", ["program", "projection"])
+def test_ctrl_c_stops_a_running_program_with_keyboard_interrupt(case):
+    body = PROGRAM if case == "program" else PROJECTION
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(PREAMBLE + body)], capture_output=True, text=True,
+                         timeout=300, env=user_env(TQDM_DISABLE="1"))
+    lines = out.stdout.split()
+    assert "INTERRUPTED" in lines and "FINISHED" not in lines, out.stdout + out.stderr[-3000:]
+    if case == "projection":
+        assert "AFTER" in lines, out.stdout + out.stderr[-3000:]
