@@ -22,6 +22,7 @@ import threading
 
 _PIPE: list = [None]  # the read end of the pipe while an interruptible call runs
 _SEEN: list = [False]  # whether that call's pipe has carried SIGINT
+_FDS: list = []  # (read, write): the pipe, made once per process
 
 
 class Interrupted(Exception):
@@ -55,30 +56,41 @@ def interruptible():
         >>> total
         6.0
     """
-    if threading.current_thread() is not threading.main_thread() or _PIPE[0] is not None:
+    if _PIPE[0] is not None or threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:  # Ctrl-C handled otherwise
         yield
         return
+    if not _FDS:  # one pipe for the process, made on first use and kept (a call only borrows the descriptor)
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        os.set_blocking(write, False)
+        _FDS.extend((read, write))
+    read, write = _FDS
     try:
-        previous = signal.set_wakeup_fd(-1)
+        previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
     except (ValueError, OSError):  # no signal support here
         yield
         return
-    if previous != -1 or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        signal.set_wakeup_fd(previous)  # someone else's (an event loop's), or Ctrl-C handled otherwise
+    if previous != -1:  # someone else's (an event loop's): theirs stays
+        signal.set_wakeup_fd(previous)
         yield
         return
-    read, write = os.pipe()
-    os.set_blocking(read, False)
-    os.set_blocking(write, False)
+    _drain(read)
     _PIPE[0], _SEEN[0] = read, False
-    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
     try:
         yield
     finally:
         signal.set_wakeup_fd(-1)
         _PIPE[0] = None
-        os.close(read)
-        os.close(write)
+
+
+def _drain(fd) -> None:
+    """Empty the pipe of signals noted before this call."""
+    try:
+        while os.read(fd, 512):
+            pass
+    except (BlockingIOError, OSError):
+        pass
 
 
 def active() -> bool:
