@@ -20,6 +20,7 @@ Examples:
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -194,10 +195,14 @@ def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False
 def _program(post, body):
     """``body`` compiled as one program (cached per posterior structure, model, shapes and options: a second
     call on new values of the same shapes compiles nothing), where the posterior allows: a Laplace-family
-    posterior of a built-in structure. A subnetwork's indices must stay concrete, a custom structure may
-    need concrete values, and the other posteriors run eagerly (their own programs are compiled)."""
-    if isinstance(post, LaplacePosterior) and post.ggn.compile_fit and not _restricted_by_index(post):
-        return _COMPILED[body]
+    posterior of a built-in structure (a subnetwork's concrete indices become static data,
+    `posteriors.weights.Weights.fit_form`: one program per index set). A custom structure may need concrete
+    values, and the other posteriors run eagerly (their own programs are compiled)."""
+    if isinstance(post, LaplacePosterior) and post.ggn.compile_fit:
+        static = post.weights.fit_form()
+        if static is post.weights:
+            return _COMPILED[body]
+        return lambda p, *args: _COMPILED[body](eqx.tree_at(lambda q: q.weights, p, static), *args)
     return body
 
 
@@ -236,9 +241,7 @@ def _linearized(post, inputs, full_covariance, output_covariance, batch_size, ke
                                                                                                     1)), label)
         if variances is not None:
             return mean, variances
-    # one compiled program per posterior structure and shape; a subnetwork's indices must stay concrete
-    concrete = _restricted_by_index(post)
-    return mean, (_row_values if concrete else _row_values_jit)(post, inputs, b, k, output_covariance, label)
+    return mean, _row_values_jit(post, inputs, b, k, output_covariance, label)  # inside the caller's program
 
 
 def _no_linearisation(post, who):
@@ -249,8 +252,8 @@ def _no_linearisation(post, who):
 
 
 def _restricted_by_index(post):
-    """A posterior over flat parameter indices (a subnetwork): restricting its model needs them concrete."""
-    return isinstance(post, LaplacePosterior) and post.weights.restrict_needs_concrete
+    """A posterior over flat parameter indices (a subnetwork): its rows pass through whole leaves."""
+    return isinstance(post, LaplacePosterior) and post.weights.restricts_by_index
 
 
 def monte_carlo(post: GaussianPosterior, key: jax.Array, inputs, num_samples: int, *, linearized: bool = True):

@@ -86,9 +86,9 @@ class Weights(eqx.Module):
         """How messages and progress bars name the selection (as ``subset_of_weights=`` would be written)."""
         return repr(type(self).__name__)
 
-    restrict_needs_concrete: ClassVar[bool] = False
-    """Whether `restrict` needs the selection's arrays concrete (outside a compiled program) to stay leaf-local;
-    traced, it still restricts correctly, with derivatives through every leaf."""
+    restricts_by_index: ClassVar[bool] = False
+    """Whether the restricted model scatters flat indices into whole leaves (its Jacobian rows then pass through
+    those leaves: the predictive plans its memory with the model's parameter count)."""
 
     @property
     @abc.abstractmethod
@@ -328,7 +328,7 @@ class Indices(Weights):
     """
 
     flat: jax.Array
-    restrict_needs_concrete: ClassVar[bool] = True
+    restricts_by_index: ClassVar[bool] = True
 
     @property
     def indices(self):
@@ -354,6 +354,7 @@ class _StaticIndices(Weights):
     with leaf-local scatters (`linops.models.restrict`), not through the whole flat vector."""
 
     index_set: _IndexSet = eqx.field(static=True)
+    restricts_by_index: ClassVar[bool] = True
 
     @property
     def indices(self):

@@ -45,6 +45,31 @@ def test_a_second_fit_and_predictive_of_the_same_kind_compile_nothing(structure)
     assert_close(var, _row_values(second, X2[:7], 7, 3, False), rtol=1e-4)
 
 
+@pytest.mark.parametrize("selection", ["subnetwork", "leaves"])
+def test_a_second_fit_over_a_selection_of_weights_compiles_nothing(selection):
+    """A subnetwork's concrete indices are static data of its fit and predictive programs (one program per index
+    set, `posteriors.weights.Weights.fit_form`): a refit on new weights and data of the same shapes compiles
+    nothing. Before, its predictive ran eagerly and compiled its small programs on every new shape of work."""
+    fn, params, X, y = _mlp_problem(0)
+    _, params2, X2, y2 = _mlp_problem(1)
+
+    def fit(p, X, y):
+        if selection == "subnetwork":
+            sub = pst.subnetwork.from_indices(p, [0, 5, 40, 55])
+            return pst.subnetwork_laplace(fn, p, (X, y), Categorical(), sub, progress=False)
+        return pst.laplace(fn, p, (X, y), Categorical(), structure="kfac",
+                           subset_of_weights=pst.weights.leaves(p, "layers.1"), progress=False)
+
+    first = fit(params, X, y)
+    p_first = pst.predictive.classification(first, X[:7], progress=False)
+    with compiles() as events:
+        second = fit(params2, X2, y2)
+        p_second = pst.predictive.classification(second, X2[:7], progress=False)
+        jax.block_until_ready((second, p_second))
+    assert events == [], f"{len(events)} compilations on the second call"
+    assert not np.allclose(np.asarray(p_first), np.asarray(p_second))
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 @pytest.mark.parametrize("structure", ["diag", "kfac"])
 def test_per_layer_variances_equal_the_jacobian_rows(name, structure):
