@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import linops as lo
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import from_equinox, ravel
-from tests.posteriors._axes import axes
+from tests.posteriors._shared import axes
 
 from ..linops._util import assert_close
 

@@ -14,7 +14,7 @@ from linops.likelihoods import Categorical
 from linops.models import from_equinox, ravel
 from linops.testing import count_compilations as compiles
 from posteriors.predictive import _row_values
-from tests.posteriors._axes import axes
+from tests.posteriors._shared import axes
 
 from ..linops._util import assert_close
 from ..linops.test_layer_diag import CASES

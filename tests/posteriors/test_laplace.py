@@ -1,10 +1,6 @@
-"""The Laplace family against Bayesian linear regression, where every quantity is exact.
-
-A linear model with a Gaussian likelihood makes the Laplace approximation exact: at the MAP,
-the covariance is $(\\Phi^\\top\\Phi/\\sigma^2 + \\alpha I)^{-1}$, the evidence is
-$\\log\\mathcal N(y \\mid 0, \\sigma^2 I + \\Phi\\Phi^\\top/\\alpha)$ and the predictive is the GP's.
-The diagonal structure is exact when $\\Phi^\\top\\Phi$ is diagonal, KFAC when the inputs are
-centred (no weight-bias coupling), the low-rank one at full rank.
+"""The Laplace family against Bayesian linear regression, where every quantity is exact (the oracle of
+`tests.posteriors._shared`). The diagonal structure is exact when $\\Phi^\\top\\Phi$ is diagonal, KFAC when the
+inputs are centred (no weight-bias coupling), the low-rank one at full rank.
 """
 
 import equinox as eqx
@@ -19,36 +15,22 @@ import posteriors as pst
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import ravel
 from posteriors import _structures as S
-from tests.posteriors._axes import axes
+from tests.posteriors._shared import axes, blr, design, linear_model
 
 from ..linops._util import assert_close
 
 SIGMA, ALPHA = 0.3, 2.0
 
 
-def _dense(p, x):
-    return p["W"] @ x + p["b"]
+_dense = linear_model
 
 
 def _design(n=40, d=3, orthogonal=False, seed=0):
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, d))
-    X -= X.mean(axis=0)  # centred: the bias decouples from the weights
-    if orthogonal:
-        X = np.linalg.qr(X)[0] * np.array([3.0, 2.0, 1.5])[:d]  # orthogonal, still centred
-    return X
+    return design(n, d, orthogonal, seed)
 
 
 def _blr(X, y, alpha=ALPHA, sigma=SIGMA):
-    """The exact posterior of the linear model with a bias: (MAP params, covariance, evidence)."""
-    Phi = np.hstack([X, np.ones((X.shape[0], 1))])
-    Lam = Phi.T @ Phi / sigma**2 + alpha * np.eye(Phi.shape[1])
-    cov = np.linalg.inv(Lam)
-    theta = cov @ Phi.T @ y / sigma**2
-    K = sigma**2 * np.eye(X.shape[0]) + Phi @ Phi.T / alpha
-    evidence = -0.5 * (y @ np.linalg.solve(K, y) + np.linalg.slogdet(K)[1] + X.shape[0] * np.log(2 * np.pi))
-    params = {"W": jnp.asarray(theta[:-1][None, :]), "b": jnp.asarray(theta[-1:])}
-    return params, cov, evidence, Phi
+    return blr(X, y, alpha, sigma)
 
 
 def _data(orthogonal=False, seed=0):

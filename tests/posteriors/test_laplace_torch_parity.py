@@ -20,7 +20,7 @@ from linops.models import from_equinox
 torch = pytest.importorskip("torch")
 laplace = pytest.importorskip("laplace")
 
-from tests.posteriors._axes import axes  # noqa: E402
+from tests.posteriors._shared import axes  # noqa: E402
 
 from ..linops._util import assert_close  # noqa: E402
 

@@ -11,7 +11,7 @@ import linops as lo
 import posteriors as pst
 from linops.likelihoods import Bernoulli, Categorical
 from posteriors import predictive
-from tests.posteriors._axes import axes
+from tests.posteriors._shared import axes
 
 from ..linops._util import assert_close
 

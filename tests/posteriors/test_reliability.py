@@ -17,7 +17,7 @@ from linops.kernels import Matern32
 from linops.likelihoods import Gaussian
 from posteriors.projected import optimal_prior_precision
 from tests.linops._util import assert_close
-from tests.posteriors._axes import axes
+from tests.posteriors._shared import axes
 
 
 def _linear(P=20, N=5, dtype=jnp.float64, seed=0):

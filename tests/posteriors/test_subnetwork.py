@@ -10,6 +10,7 @@ import linops as lo
 import posteriors as pst
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import from_equinox, ravel, restrict
+from tests.posteriors._shared import dense_ggn
 
 from ..linops._util import assert_close
 
@@ -25,11 +26,7 @@ def _data(n=30, seed=1):
 
 
 def _dense_ggn(fn, params, X, y):
-    flat, unravel = ravel(params)
-    J = jax.jacfwd(lambda w: jax.vmap(fn, in_axes=(None, 0))(unravel(w), X))(flat)  # (N, O, P)
-    out = jax.vmap(fn, in_axes=(None, 0))(params, X)
-    H = jax.vmap(lambda f, t: Categorical().hessian(f, t).as_matrix())(out, y)
-    return np.asarray(jnp.einsum("nop,noq,nqr->pr", J, H, J))
+    return dense_ggn(fn, params, X, y, Categorical())
 
 
 def test_restricted_model_gives_the_jacobian_columns_of_the_subset():

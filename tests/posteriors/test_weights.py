@@ -15,6 +15,7 @@ import pytest
 import posteriors as pst
 from linops.likelihoods import Gaussian
 from linops.models import from_equinox, ravel
+from tests.posteriors._shared import dense_ggn
 
 from ..linops._util import assert_close
 
@@ -29,10 +30,11 @@ def _problem():
     return fn, params, (X, Y)
 
 
-def _dense_ggn(fn, params, X):
+def _dense_ggn(fn, params, X, Y):
+    """The dense GGN (`tests.posteriors._shared.dense_ggn`) and the Jacobians ``(N, O, P)`` of the inputs."""
     flat, unravel = ravel(params)
-    J = jax.vmap(lambda x: jax.jacfwd(lambda v: fn(unravel(v), x))(flat))(X)  # (N, O, P)
-    return np.einsum("nop,noq->pq", J, J) / SIGMA**2, J
+    J = jax.vmap(lambda x: jax.jacfwd(lambda v: fn(unravel(v), x))(flat))(X)
+    return dense_ggn(fn, params, X, Y, Gaussian(SIGMA)), J
 
 
 def _selections(params):
@@ -47,7 +49,7 @@ def _indices(post):
 @pytest.mark.parametrize("selection", ["last_layer", "first_layer", "subnetwork"])
 def test_each_structure_over_a_selection_is_its_block_of_the_dense_ggn(selection):
     fn, params, data = _problem()
-    G, J = _dense_ggn(fn, params, data[0])
+    G, J = _dense_ggn(fn, params, *data)
     spec = _selections(params)[selection]
     fit = lambda **kw: pst.laplace(fn, params, data, Gaussian(SIGMA), subset_of_weights=spec,  # noqa: E731
                                    prior_precision=ALPHA, **kw)
@@ -84,7 +86,7 @@ def test_kfac_over_the_last_layer_is_exact_for_its_weight_block():
     """The last layer is linear in its weights and the noise Gaussian: its GGN's weight block is the Kronecker product
     of the features' second moment and I/sigma^2, which KFAC computes exactly (the weight-bias coupling it drops)."""
     fn, params, data = _problem()
-    G, _ = _dense_ggn(fn, params, data[0])
+    G, _ = _dense_ggn(fn, params, *data)
     kfac = pst.laplace(fn, params, data, Gaussian(SIGMA), structure="kfac", subset_of_weights="last_layer",
                        prior_precision=ALPHA)
     idx = _indices(kfac)
@@ -97,7 +99,7 @@ def test_kfac_over_the_last_layer_is_exact_for_its_weight_block():
     assert_close(precision[10:, 10:], G_ss[10:, 10:] + ALPHA * np.eye(2), rtol=1e-10, atol=1e-12)
     assert not np.allclose(G_ss[:10, 10:], 0.0)  # the coupling KFAC drops is there: the check is not vacuous
     # its predictive (Jacobian rows over the last layer: the per-layer rule covers every weight only)
-    _, J = _dense_ggn(fn, params, data[0][:5])
+    _, J = _dense_ggn(fn, params, data[0][:5], data[1][:5])
     cov = np.zeros((G.shape[0],) * 2)
     cov[np.ix_(idx, idx)] = np.linalg.inv(precision)
     assert_close(pst.predictive.linearized(kfac, data[0][:5])[1], np.einsum("nop,pq,noq->no", J, cov, J), rtol=1e-8)
