@@ -2,10 +2,10 @@
 """The memory table of ``docs/howto/memory.md``, measured: each posterior of a 118k-parameter MLP (784-128-128-10,
 tanh, weights at initialisation) on N MNIST digits (``posteriors.data.mnist``, 10 classes, float32).
 
-Each posterior runs in its own child process (spawned): its fit once (compile), then again, measured. Reported
-per posterior: the peak resident memory of the second fit above the process's resident memory just before it
-(``VmHWM`` reset through ``/proc/self/clear_refs``: every allocation, XLA's workspace included), and what the
-posterior keeps (the bytes of its array leaves other than the network's own parameters and the data). Full
+Each posterior runs in its own child process (spawned): its fit once (compile; the result kept alive), then again,
+measured. Reported per posterior: the peak resident memory of the second fit above the process's resident memory
+just before it (``VmHWM`` reset through ``/proc/self/clear_refs``: every allocation, XLA's workspace included),
+and what the posterior keeps (the bytes of its array leaves other than the network's own parameters and the data). Full
 Laplace is not run: its refusal (``MemoryBudgetError``, before any work) is what the table shows.
 
 Run:  python benchmarks/memory.py            # N = 1,000 (a few minutes on 2 cores)
@@ -75,8 +75,9 @@ def _child(case, n, queue):
                                                **options)
             return pst.laplace(fn, params, data, lik, structure=case, batch_size=100, progress=False)
 
-        jax.block_until_ready(fit())  # compiled and run once
-        post, seconds, peak = PeakRSS().call(fit)
+        first = jax.block_until_ready(fit())  # compiled and run once; kept alive, so that the measured fit's
+        post, seconds, peak = PeakRSS().call(fit)  # arrays cannot reuse its freed pages
+        del first
         own = {id(a) for a in jax.tree_util.tree_leaves((params, X, y))}
         kept = sum(int(a.nbytes) for a in jax.tree_util.tree_leaves(post)
                    if hasattr(a, "nbytes") and id(a) not in own)
