@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Hashable
 from typing import Any
 
@@ -137,20 +138,22 @@ class LinearOperator(eqx.Module):
     # --- what a subclass provides -------------------------------------------------
 
     @property
+    @abc.abstractmethod
     def shape(self) -> tuple[int, int]:
-        raise NotImplementedError(f"{type(self).__name__} must define `shape`")
+        """``(m, n)``."""
 
     @property
+    @abc.abstractmethod
     def dtype(self):
-        raise NotImplementedError(f"{type(self).__name__} must define `dtype`")
+        """The dtype of the operator's products."""
 
     @property
     def tags(self) -> frozenset:
         return frozenset()
 
+    @abc.abstractmethod
     def mv(self, v: Inexact[Array, " n"]) -> Inexact[Array, " m"]:
         """Apply the operator to one vector of shape ``(n,)``."""
-        raise NotImplementedError(f"{type(self).__name__} must define `mv`")
 
     def rmv(self, u: jax.Array) -> jax.Array:
         """Apply the transpose to one vector of shape ``(m,)`` (default: a VJP of `mv`)."""

@@ -9,6 +9,7 @@ $\Lambda^{-1}$ as an operator, $\log\det\Lambda$ and samples of $\mathcal N(0, \
 
 from __future__ import annotations
 
+import abc
 import functools
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
@@ -92,8 +93,9 @@ class StructuredGGN(eqx.Module):
     fit reports its own steps (Lanczos)."""
 
     @classmethod
+    @abc.abstractmethod
     def fit(cls, request: FitRequest) -> StructuredGGN:
-        raise NotImplementedError
+        """The structure's curvature from a `FitRequest`."""
 
     @classmethod
     def check_prior(cls, alpha: np.ndarray, group_sizes: list[int], who: str) -> None:
@@ -118,8 +120,9 @@ class StructuredGGN(eqx.Module):
         """What products and samples at this ``(alpha, scale)`` reuse (e.g. a Cholesky factor)."""
         return None
 
+    @abc.abstractmethod
     def precision(self, alpha, scale) -> lo.LinearOperator:
-        raise NotImplementedError
+        """$G/s + \\operatorname{diag}\\alpha$ as a linops operator."""
 
     def covariance(self, alpha, scale, factor) -> lo.LinearOperator:
         return lo.inv(self.precision(alpha, scale))

@@ -17,6 +17,7 @@ Examples:
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 
 import equinox as eqx
@@ -57,13 +58,13 @@ class GaussianPosterior(eqx.Module):
         return ravel(self.params)[0]
 
     @property
+    @abc.abstractmethod
     def covariance(self) -> lo.LinearOperator:
         """$\\Sigma$ as a lazy ``P x P`` operator."""
-        raise NotImplementedError(f"{type(self).__name__} must define `covariance`")
 
+    @abc.abstractmethod
     def sample(self, key: jax.Array, n: int) -> jax.Array:
         """``n`` flat parameter samples, shape ``(n, P)``."""
-        raise NotImplementedError(f"{type(self).__name__} must define `sample`")
 
     def own_space(self):
         """``(fn, params, covariance)`` in the parameter space the posterior lives in (the linearised predictive

@@ -196,3 +196,28 @@ def test_no_module_reexports_another_modules_names(path):
     if str(path.relative_to(ROOT)) in FACADES:
         return
     assert _reexports(path.read_text()) == []
+
+
+def test_the_abstract_bases_cannot_be_instantiated():
+    """The classes users extend are abstract: a subclass that forgets what it must define fails when built, naming
+    the missing methods, not at its first product."""
+    import linops as lo
+    import posteriors as pst
+    from posteriors import _structures as S
+
+    for build in (lo.LinearOperator, S.StructuredGGN, pst.weights.Weights,
+                  lambda: pst.GaussianPosterior(lambda p, x: x, None, None)):
+        with pytest.raises(TypeError, match="abstract"):
+            build()
+
+    class Forgetful(lo.LinearOperator):
+        @property
+        def shape(self):
+            return (2, 2)
+
+        @property
+        def dtype(self):
+            return float
+
+    with pytest.raises(TypeError, match="mv"):
+        Forgetful()
