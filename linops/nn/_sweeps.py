@@ -37,10 +37,10 @@ def scan(blocks, t, batches, reverse=False, watch=False):
     each batch, a host callback that stops the program if Ctrl-C was pressed (`linops.runtime._interrupt`)."""
 
     def step(t, b):
-        t = blocks.project_out(t, b)
-        if watch:  # anchored on the batch's result, so that it runs once the batch is done
-            jax.debug.callback(lambda _: _interrupt.check(), jnp.ravel(jax.tree_util.tree_leaves(t)[0])[:1])
-        return t, None
+        if watch:  # on the batch's own factor, never on t: under jax.vmap of the sweep (a block of columns) a
+            # callback given a batched value would run once per column
+            jax.debug.callback(lambda _: _interrupt.check(), jnp.ravel(b[1])[:1])
+        return blocks.project_out(t, b), None
 
     return lax.scan(canonical_convolutions(step), t, batches, reverse=reverse)[0]  # fast convolutions in a loop
 
