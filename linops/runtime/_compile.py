@@ -61,21 +61,22 @@ def program(fn=None, **jitkwargs):
                 raise
 
     def _run(args, kwargs):
-        out = None
-        if _known[0]:
-            try:
-                out = fast(*args, **kwargs)
-            except jax.errors.JaxRuntimeError as error:
-                if _REFUSED not in str(error):
-                    raise
-                _known[0] = False
-            except ValueError as error:  # inside a trace all the same (a closure over traced values)
-                if _NESTED not in str(error):
-                    raise
-                return plain(*args, **kwargs)
-        if out is None and not _known[0]:
-            out = plain(*args, **kwargs)
+        out = _unwaited(args, kwargs)
         # while Ctrl-C can stop the program, wait for it here (the progress callbacks watch for it meanwhile)
         return jax.block_until_ready(out) if _interrupt.active() else out
+
+    def _unwaited(args, kwargs):
+        if not _known[0]:
+            return plain(*args, **kwargs)
+        try:
+            return fast(*args, **kwargs)
+        except jax.errors.JaxRuntimeError as error:
+            if _REFUSED not in str(error):
+                raise
+            _known[0] = False  # this jaxlib does not know the option: never asked again
+        except ValueError as error:  # inside a trace all the same (a closure over traced values)
+            if _NESTED not in str(error):
+                raise
+        return plain(*args, **kwargs)
 
     return call
