@@ -12,6 +12,7 @@ Examples:
 
 from linops import (
     _woodbury,  # noqa: F401  (registers the Woodbury closed forms of sums)
+    closed_forms,
     kernels,
     likelihoods,
     memory,
@@ -66,7 +67,8 @@ from linops.nn import (  # the network operators, re-exported: lo.GGNOp is linop
 __version__ = "0.1.0"
 
 __all__ = [
-    "AlternatingProjectionOp", "BlockDiagonal", "Cholesky", "Complement", "count_matmuls", "Dense", "diag",
+    "AlternatingProjectionOp", "BlockDiagonal", "Cholesky", "closed_forms",
+    "Complement", "count_matmuls", "Dense", "diag",
     "Diagonal", "eigendecompose", "EigenDecomposed", "eigh", "eigvalsh", "Estimate", "factorize", "LU", "root",
     "Triangular",
     "explain", "ExpressionTooDeepError", "from_lineax", "FunctionOp", "GGNOp", "hutchinson", "Identity", "inv",

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Inexact
 
-from linops import _tags
+from linops import _tags, closed_forms
 from linops._arrays import describe, is_scalar_like
 from linops.memory import check_dense
 
@@ -125,8 +125,8 @@ class LinearOperator(eqx.Module):
     """A lazy linear map ``R^n -> R^m``, an `equinox.Module` pytree.
 
     Subclasses define `shape`, `dtype` and `mv`; everything else has a default.
-    Override `rmv` (transposed product), `mm` (several vectors), `tags` and the
-    structure-aware hooks (`_diag`, `_solve`, ...) where a closed form exists.
+    Override `rmv` (transposed product), `mm` (several vectors) and `tags`; register closed
+    forms (a diagonal, a solve, a log-determinant, ...) with `linops.closed_forms`.
 
     Examples:
         >>> import jax.numpy as jnp, linops as lo
@@ -172,79 +172,6 @@ class LinearOperator(eqx.Module):
         if _tags.symmetric in self.tags:  # a tag-driven default: a symmetric operator is its own transpose
             return self
         return _COMPOSITES["Transpose"](self)
-
-    # --- closed forms: return NotImplemented where the structure gives none ---------
-    # The defaults here follow from the tags alone (an orthogonal Q has Q^-1 = Q^T and |det Q| = 1; a
-    # projector is its own square root and pseudo-inverse); a subclass overrides a hook where its
-    # structure gives more, and defers to these (super()) where its tags may say more.
-
-    def _diag(self):
-        return NotImplemented
-
-    def _solve(self, b):
-        """``A^{-1} b`` for ``b`` of shape ``(n,)`` or ``(n, k)``."""
-        if _tags.orthogonal in self.tags and self.is_square:
-            return self.rmv(b) if b.ndim == 1 else self.rmm(b)
-        return NotImplemented
-
-    def _inv(self):
-        """A structured operator equal to ``A^{-1}``."""
-        return self.T if _tags.orthogonal in self.tags and self.is_square else NotImplemented
-
-    def _pinv(self, rtol):
-        return self if _tags.projector in self.tags else NotImplemented
-
-    def _sqrt(self):
-        """The principal (symmetric PSD) square root, as an operator."""
-        return self if _tags.projector in self.tags else NotImplemented
-
-    def _logdet(self):
-        """``log |det A|``."""
-        if _tags.orthogonal in self.tags and self.is_square:
-            return jnp.zeros((), self.dtype)
-        return NotImplemented
-
-    def _eigh(self):
-        """``(eigenvalues ascending, eigenvectors as an orthogonal operator)``."""
-        return NotImplemented
-
-    def _trace(self):
-        d = self._diag()
-        return NotImplemented if d is NotImplemented else jnp.sum(d)
-
-    def _root(self):
-        """An operator ``R`` (``(n, r)``) with ``R R^T = A``: by default the principal square root."""
-        return self._sqrt()
-
-    def _factorize(self):
-        """An operator equal to ``A`` whose solves reuse a factorisation computed here, once."""
-        return NotImplemented
-
-    def _eigendecompose(self):
-        """``A`` as a `linops.EigenDecomposed` (eigenvalues in any order)."""
-        return NotImplemented
-
-    def _eigvalsh(self):
-        """The eigenvalues in ascending order (default: those of `_eigh`, else of `_eigendecompose`)."""
-        wq = self._eigh()
-        if wq is not NotImplemented:
-            return wq[0]
-        E = self._eigendecompose()
-        return NotImplemented if E is NotImplemented else jnp.sort(E.w)
-
-    def _shift(self, lam, nonnegative):
-        """A structured operator equal to ``A + lam I`` (used by `linops.shift`), else NotImplemented."""
-        return NotImplemented
-
-    def _hadamard_square(self):
-        """The operator with every entry squared, ``A o A``, where the structure keeps it."""
-        return NotImplemented
-
-    def _woodbury_part(self):
-        """What this operator is as a term of a diagonal-plus-low-rank sum (`linops._woodbury`):
-        ``("diagonal", d)`` (``d`` a vector or a scalar), ``("lowrank", leaf)`` (a `LowRank`),
-        ``("zero",)``; NotImplemented for anything else."""
-        return NotImplemented
 
     # --- structure used by simplify and by the tag rules ---------------------------
 
@@ -368,6 +295,66 @@ class LinearOperator(eqx.Module):
         return _COMPOSITES["Scaled"](1.0 / other, self)
 
 
+# The closed forms every operator has from its tags alone (an orthogonal Q has Q^-1 = Q^T and |det Q| = 1;
+# a projector is its own square root and pseudo-inverse). A class's own rules are tried first
+# (`linops.closed_forms`); these answer where they give none.
+
+
+@closed_forms.solve.register(LinearOperator)
+def _linear_operator_solve(op, b):
+    """``A^{-1} b`` for ``b`` of shape ``(n,)`` or ``(n, k)``."""
+    if _tags.orthogonal in op.tags and op.is_square:
+        return op.rmv(b) if b.ndim == 1 else op.rmm(b)
+    return NotImplemented
+
+
+@closed_forms.inv.register(LinearOperator)
+def _linear_operator_inv(op):
+    """A structured operator equal to ``A^{-1}``."""
+    return op.T if _tags.orthogonal in op.tags and op.is_square else NotImplemented
+
+
+@closed_forms.pinv.register(LinearOperator)
+def _linear_operator_pinv(op, rtol):
+    return op if _tags.projector in op.tags else NotImplemented
+
+
+@closed_forms.sqrt.register(LinearOperator)
+def _linear_operator_sqrt(op):
+    """The principal (symmetric PSD) square root, as an operator."""
+    return op if _tags.projector in op.tags else NotImplemented
+
+
+@closed_forms.logdet.register(LinearOperator)
+def _linear_operator_logdet(op):
+    """``log |det A|``."""
+    if _tags.orthogonal in op.tags and op.is_square:
+        return jnp.zeros((), op.dtype)
+    return NotImplemented
+
+
+@closed_forms.trace.register(LinearOperator)
+def _linear_operator_trace(op):
+    d = closed_forms.diag(op)
+    return NotImplemented if d is NotImplemented else jnp.sum(d)
+
+
+@closed_forms.root.register(LinearOperator)
+def _linear_operator_root(op):
+    """An operator ``R`` (``(n, r)``) with ``R R^T = A``: by default the principal square root."""
+    return closed_forms.sqrt(op)
+
+
+@closed_forms.eigvalsh.register(LinearOperator)
+def _linear_operator_eigvalsh(op):
+    """The eigenvalues in ascending order (default: those of `_eigh`, else of `_eigendecompose`)."""
+    wq = closed_forms.eigh(op)
+    if wq is not NotImplemented:
+        return wq[0]
+    E = closed_forms.eigendecompose(op)
+    return NotImplemented if E is NotImplemented else jnp.sort(E.w)
+
+
 def _add_scalar(op: LinearOperator, other):
     # A literal 0 is the additive identity, so that `sum(operators)` (which starts from 0) works.
     if isinstance(other, (int, float)) and not isinstance(other, bool) and other == 0:
@@ -378,14 +365,10 @@ def _add_scalar(op: LinearOperator, other):
     return NotImplemented
 
 
-CLOSED_FORMS = ("_diag", "_solve", "_inv", "_pinv", "_sqrt", "_logdet", "_eigh", "_trace", "_root", "_factorize",
-                "_eigendecompose", "_eigvalsh", "_shift", "_hadamard_square", "_woodbury_part")
-"""The structure hooks: each returns its closed form or ``NotImplemented`` (a wrapper forwards all of them)."""
-
-
 def factorize_children(op: LinearOperator, children) -> LinearOperator:
-    """``op`` over its children's factorisations (`_factorize`), or NotImplemented when none has one."""
-    factored = [c._factorize() for c in children]
+    """``op`` over its children's factorisations (`linops.closed_forms.factorize`), or NotImplemented when none
+    has one."""
+    factored = [closed_forms.factorize(c) for c in children]
     if all(f is NotImplemented for f in factored):
         return NotImplemented
     return op.with_children(tuple(c if f is NotImplemented else f for c, f in zip(children, factored, strict=True)))

@@ -2,9 +2,9 @@
 
 Construction checks shapes and computes tags; it never simplifies (`linops.simplify` does), except that
 a chain of one composite stays one node: a `Sum` of sums is one n-ary sum and a scaling of a scaling one
-scaling (``c (d A) = (cd) A``), so that 10,000 terms nest no deeper than two (`linops._depth`). The
-closed forms of a sum come from the rules registered with `register_sum_closed_form` (the Woodbury
-identities in `linops._woodbury`). `Product`, `Transpose` and `Inverse` live in `linops._products`
+scaling (``c (d A) = (cd) A``), so that 10,000 terms nest no deeper than two (`linops._depth`). A sum's
+solve, log-determinant, inverse and roots are the Woodbury identities, registered for `Sum` by
+`linops._woodbury`. `Product`, `Transpose` and `Inverse` live in `linops._products`
 and are re-exported here.
 """
 
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linops import _tags
+from linops import _tags, closed_forms
 from linops._arrays import is_known_nonnegative
 from linops._base import (
     LinearOperator,
@@ -35,25 +35,6 @@ from linops._base import (
 from linops._depth import composite_levels, nesting_depth
 from linops._eigen import EigenDecomposed
 from linops._products import Product, Transpose, inverse_of
-
-_SUM_CLOSED_FORMS: dict[str, list[Callable]] = {}
-
-
-def register_sum_closed_form(hook: str, rule: Callable) -> None:
-    """Give `Sum` a closed form: ``rule(sum, *args)`` returns the hook's value or NotImplemented.
-
-    ``hook`` is the name of a closed form without its underscore (``"solve"``, ``"logdet"``, ...);
-    rules are tried in the order registered.
-    """
-    _SUM_CLOSED_FORMS.setdefault(hook, []).append(rule)
-
-
-def _sum_closed_form(hook, op, *args):
-    for rule in _SUM_CLOSED_FORMS.get(hook, ()):
-        out = rule(op, *args)
-        if out is not NotImplemented:
-            return out
-    return NotImplemented
 
 
 @shares_arrays("terms")
@@ -122,24 +103,11 @@ class Sum(LinearOperator):
             return self
         return Sum([t.T for t in self.terms])
 
-    def _diag(self):
-        ds = [t._diag() for t in self.terms]
-        return NotImplemented if any(d is NotImplemented for d in ds) else sum(ds)
 
-    def _solve(self, b):
-        return _sum_closed_form("solve", self, b)
-
-    def _logdet(self):
-        return _sum_closed_form("logdet", self)
-
-    def _inv(self):
-        return _sum_closed_form("inv", self)
-
-    def _sqrt(self):
-        return _sum_closed_form("sqrt", self)
-
-    def _root(self):
-        return _sum_closed_form("root", self)
+@closed_forms.diag.register(Sum)
+def _sum_diag(op):
+    ds = [closed_forms.diag(t) for t in op.terms]
+    return NotImplemented if any(d is NotImplemented for d in ds) else sum(ds)
 
 
 def _constant(c):
@@ -237,51 +205,69 @@ class Scaled(LinearOperator):
             return self
         return self.with_children((self.op.T,))
 
-    def _diag(self):
-        d = self.op._diag()
-        return d if d is NotImplemented else self._c(d)
 
-    def _solve(self, b):
-        x = self.op._solve(b)
-        return x if x is NotImplemented else x / self.scalar
+@closed_forms.diag.register(Scaled)
+def _scaled_diag(op):
+    d = closed_forms.diag(op.op)
+    return d if d is NotImplemented else op._c(d)
 
-    def _inv(self):
-        return Scaled(1.0 / self.scalar, inverse_of(self.op), nonnegative=self.nonnegative or None,
-                      constant=_reciprocal(self.constant))
 
-    def _logdet(self):
-        ld = self.op._logdet()
-        if ld is NotImplemented:
-            return ld
-        return ld + self.shape[0] * jnp.log(jnp.abs(self.scalar))
+@closed_forms.solve.register(Scaled)
+def _scaled_solve(op, b):
+    x = closed_forms.solve(op.op, b)
+    return x if x is NotImplemented else x / op.scalar
 
-    def _pinv(self, rtol):
-        p = self.op._pinv(rtol)
-        return p if p is NotImplemented else Scaled(1.0 / self.scalar, p, nonnegative=self.nonnegative or None,
-                                                    constant=_reciprocal(self.constant))
 
-    def _sqrt(self):
-        if not self.nonnegative:
-            return NotImplemented
-        s = self.op._sqrt()
-        return s if s is NotImplemented else Scaled(jnp.sqrt(self.scalar), s, nonnegative=True)
+@closed_forms.inv.register(Scaled)
+def _scaled_inv(op):
+    return Scaled(1.0 / op.scalar, inverse_of(op.op), nonnegative=op.nonnegative or None,
+                  constant=_reciprocal(op.constant))
 
-    def _eigendecompose(self):
-        E = self.op._eigendecompose()
-        if E is NotImplemented:
-            return E
-        return EigenDecomposed(E.Q, self.scalar * E.w, nonnegative=(self.nonnegative and E.nonnegative) or None)
 
-    def _root(self):
-        if not self.nonnegative:
-            return NotImplemented
-        r = self.op._root()
-        return r if r is NotImplemented else Scaled(jnp.sqrt(self.scalar), r, nonnegative=True)
+@closed_forms.logdet.register(Scaled)
+def _scaled_logdet(op):
+    ld = closed_forms.logdet(op.op)
+    if ld is NotImplemented:
+        return ld
+    return ld + op.shape[0] * jnp.log(jnp.abs(op.scalar))
 
-    def _factorize(self):
-        return factorize_children(self, (self.op,))
+
+@closed_forms.pinv.register(Scaled)
+def _scaled_pinv(op, rtol):
+    p = closed_forms.pinv(op.op, rtol)
+    return p if p is NotImplemented else Scaled(1.0 / op.scalar, p, nonnegative=op.nonnegative or None,
+                                                constant=_reciprocal(op.constant))
+
+
+@closed_forms.sqrt.register(Scaled)
+def _scaled_sqrt(op):
+    if not op.nonnegative:
+        return NotImplemented
+    s = closed_forms.sqrt(op.op)
+    return s if s is NotImplemented else Scaled(jnp.sqrt(op.scalar), s, nonnegative=True)
+
+
+@closed_forms.eigendecompose.register(Scaled)
+def _scaled_eigendecompose(op):
+    E = closed_forms.eigendecompose(op.op)
+    if E is NotImplemented:
+        return E
+    return EigenDecomposed(E.Q, op.scalar * E.w, nonnegative=(op.nonnegative and E.nonnegative) or None)
+
+
+@closed_forms.root.register(Scaled)
+def _scaled_root(op):
+    if not op.nonnegative:
+        return NotImplemented
+    r = closed_forms.root(op.op)
+    return r if r is NotImplemented else Scaled(jnp.sqrt(op.scalar), r, nonnegative=True)
+
+
+@closed_forms.factorize.register(Scaled)
+def _scaled_factorize(op):
+    return factorize_children(op, (op.op,))
 
 
 register_composites(Sum=Sum, Product=Product, Scaled=Scaled, Transpose=Transpose)
 
-__all__ = ["Scaled", "Sum", "constant_product", "register_sum_closed_form"]
+__all__ = ["Scaled", "Sum", "constant_product"]

@@ -11,7 +11,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from linops import _tags
+from linops import _tags, closed_forms
 from linops._arrays import as_matrix_array, cutoff_inverse, describe, is_known_nonnegative
 from linops._base import LinearOperator
 
@@ -80,42 +80,64 @@ class EigenDecomposed(LinearOperator):
 
     rmv, rmm = mv, mm
 
-    def _shift(self, lam, nonnegative):
-        keep = self.nonnegative and bool(nonnegative)
-        return self._with(self.w + lam, nonnegative=keep or None)
 
-    def _diag(self):  # diag(Q diag(w) Q^T) = (Q o Q) w
-        Q2 = self.Q._hadamard_square()
-        return NotImplemented if Q2 is NotImplemented else Q2.mv(self.w)
+@closed_forms.shift.register(EigenDecomposed)
+def _eigen_decomposed_shift(op, lam, nonnegative):
+    keep = op.nonnegative and bool(nonnegative)
+    return op._with(op.w + lam, nonnegative=keep or None)
 
-    def _trace(self):
-        return jnp.sum(self.w)
 
-    def _solve(self, b):
-        return self.Q.mv(self.Q.rmv(b) / self.w) if b.ndim == 1 else self.Q.mm(self.Q.rmm(b) / self.w[:, None])
+@closed_forms.diag.register(EigenDecomposed)
+def _eigen_decomposed_diag(op):  # diag(Q diag(w) Q^T) = (Q o Q) w
+    Q2 = closed_forms.hadamard_square(op.Q)
+    return NotImplemented if Q2 is NotImplemented else Q2.mv(op.w)
 
-    def _inv(self):
-        return self._with(1.0 / self.w, nonnegative=self.nonnegative or None)
 
-    def _pinv(self, rtol):
-        return self._with(cutoff_inverse(self.w, rtol, self.shape), nonnegative=self.nonnegative or None)
+@closed_forms.trace.register(EigenDecomposed)
+def _eigen_decomposed_trace(op):
+    return jnp.sum(op.w)
 
-    def _sqrt(self):
-        if not self.nonnegative:
-            return NotImplemented
-        return self._with(jnp.sqrt(jnp.clip(self.w, 0.0)), nonnegative=True)
 
-    def _logdet(self):
-        return jnp.sum(jnp.log(jnp.abs(self.w)))
+@closed_forms.solve.register(EigenDecomposed)
+def _eigen_decomposed_solve(op, b):
+    return op.Q.mv(op.Q.rmv(b) / op.w) if b.ndim == 1 else op.Q.mm(op.Q.rmm(b) / op.w[:, None])
 
-    def _eigvalsh(self):
-        return jnp.sort(self.w)
 
-    def _eigendecompose(self):
-        return self
+@closed_forms.inv.register(EigenDecomposed)
+def _eigen_decomposed_inv(op):
+    return op._with(1.0 / op.w, nonnegative=op.nonnegative or None)
 
-    def _factorize(self):
-        return self
+
+@closed_forms.pinv.register(EigenDecomposed)
+def _eigen_decomposed_pinv(op, rtol):
+    return op._with(cutoff_inverse(op.w, rtol, op.shape), nonnegative=op.nonnegative or None)
+
+
+@closed_forms.sqrt.register(EigenDecomposed)
+def _eigen_decomposed_sqrt(op):
+    if not op.nonnegative:
+        return NotImplemented
+    return op._with(jnp.sqrt(jnp.clip(op.w, 0.0)), nonnegative=True)
+
+
+@closed_forms.logdet.register(EigenDecomposed)
+def _eigen_decomposed_logdet(op):
+    return jnp.sum(jnp.log(jnp.abs(op.w)))
+
+
+@closed_forms.eigvalsh.register(EigenDecomposed)
+def _eigen_decomposed_eigvalsh(op):
+    return jnp.sort(op.w)
+
+
+@closed_forms.eigendecompose.register(EigenDecomposed)
+def _eigen_decomposed_eigendecompose(op):
+    return op
+
+
+@closed_forms.factorize.register(EigenDecomposed)
+def _eigen_decomposed_factorize(op):
+    return op
 
 
 __all__ = ["EigenDecomposed"]

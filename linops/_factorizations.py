@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax
 
-from linops import _tags
+from linops import _tags, closed_forms
 from linops._arrays import as_matrix_array, describe
 from linops._base import LinearOperator
 
@@ -93,18 +93,26 @@ class Triangular(LinearOperator):
     def as_matrix(self):
         return self.matrix.T if self.transposed else self.matrix
 
-    def _diag(self):
-        return jnp.diagonal(self.matrix)
 
-    def _solve(self, b):
-        x = jsl.solve_triangular(self.matrix, _columns(b), lower=self.lower, trans=1 if self.transposed else 0)
-        return x.reshape(b.shape)
+@closed_forms.diag.register(Triangular)
+def _triangular_diag(op):
+    return jnp.diagonal(op.matrix)
 
-    def _logdet(self):
-        return jnp.sum(jnp.log(jnp.abs(jnp.diagonal(self.matrix))))
 
-    def _factorize(self):
-        return self
+@closed_forms.solve.register(Triangular)
+def _triangular_solve(op, b):
+    x = jsl.solve_triangular(op.matrix, _columns(b), lower=op.lower, trans=1 if op.transposed else 0)
+    return x.reshape(b.shape)
+
+
+@closed_forms.logdet.register(Triangular)
+def _triangular_logdet(op):
+    return jnp.sum(jnp.log(jnp.abs(jnp.diagonal(op.matrix))))
+
+
+@closed_forms.factorize.register(Triangular)
+def _triangular_factorize(op):
+    return op
 
 
 class Cholesky(LinearOperator):
@@ -160,27 +168,39 @@ class Cholesky(LinearOperator):
 
     mm = rmv = rmm = mv
 
-    def _diag(self):  # the squared norms of the rows of the factor R (columns of the stored array if transposed)
-        return jnp.sum(self.factor.matrix**2, axis=0 if self.factor.transposed else 1)
 
-    def _solve(self, b):
-        return self.factor.T._solve(self.factor._solve(b))
+@closed_forms.diag.register(Cholesky)
+def _cholesky_diag(op):  # the squared norms of the rows of the factor R (columns of the stored array if transposed)
+    return jnp.sum(op.factor.matrix**2, axis=0 if op.factor.transposed else 1)
 
-    def _logdet(self):
-        return 2.0 * self.factor._logdet()
 
-    def _root(self):
-        return self.factor
+@closed_forms.solve.register(Cholesky)
+def _cholesky_solve(op, b):
+    return closed_forms.solve(op.factor.T, closed_forms.solve(op.factor, b))
 
-    def _inv(self):
-        r"""$A^{-1} = R^{-\top} (R^{-\top})^\top$ held the same way, $R^{-\top}$ triangular (``n`` triangular solves,
-        as `Dense._inv` costs an LU): what an exact ``diag(inv(A))`` needs; products with `linops.inv` never form it."""
-        R = self.factor
-        stored_inverse = jsl.solve_triangular(R.matrix, jnp.eye(self.shape[0], dtype=self.dtype), lower=R.lower)
-        return Cholesky(Triangular(stored_inverse, R.lower, transposed=not R.transposed, zero_other_triangle=False))
 
-    def _factorize(self):
-        return self
+@closed_forms.logdet.register(Cholesky)
+def _cholesky_logdet(op):
+    return 2.0 * closed_forms.logdet(op.factor)
+
+
+@closed_forms.root.register(Cholesky)
+def _cholesky_root(op):
+    return op.factor
+
+
+@closed_forms.inv.register(Cholesky)
+def _cholesky_inv(op):
+    r"""$A^{-1} = R^{-\top} (R^{-\top})^\top$ held the same way, $R^{-\top}$ triangular (``n`` triangular solves,
+    as `Dense._inv` costs an LU): what an exact ``diag(inv(A))`` needs; products with `linops.inv` never form it."""
+    R = op.factor
+    stored_inverse = jsl.solve_triangular(R.matrix, jnp.eye(op.shape[0], dtype=op.dtype), lower=R.lower)
+    return Cholesky(Triangular(stored_inverse, R.lower, transposed=not R.transposed, zero_other_triangle=False))
+
+
+@closed_forms.factorize.register(Cholesky)
+def _cholesky_factorize(op):
+    return op
 
 
 class LU(LinearOperator):
@@ -245,15 +265,21 @@ class LU(LinearOperator):
     def transpose(self):
         return LU(self.lu, self.pivots, transposed=not self.transposed)
 
-    def _solve(self, b):
-        x = jsl.lu_solve((self.lu, self.pivots), _columns(b), trans=1 if self.transposed else 0)
-        return x.reshape(b.shape)
 
-    def _logdet(self):
-        return jnp.sum(jnp.log(jnp.abs(jnp.diagonal(self.lu))))
+@closed_forms.solve.register(LU)
+def _lu_solve(op, b):
+    x = jsl.lu_solve((op.lu, op.pivots), _columns(b), trans=1 if op.transposed else 0)
+    return x.reshape(b.shape)
 
-    def _factorize(self):
-        return self
+
+@closed_forms.logdet.register(LU)
+def _lu_logdet(op):
+    return jnp.sum(jnp.log(jnp.abs(jnp.diagonal(op.lu))))
+
+
+@closed_forms.factorize.register(LU)
+def _lu_factorize(op):
+    return op
 
 
 __all__ = ["Cholesky", "LU", "Triangular"]

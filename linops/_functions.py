@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Inexact, PRNGKeyArray
 
-from linops import _tags
+from linops import _tags, closed_forms
 from linops._arrays import describe, is_known_nonnegative
 from linops._base import LinearOperator, check_square
 from linops._composite import Scaled, Sum
@@ -102,7 +102,7 @@ def shift(A: LinearOperator, lam, *, nonnegative: bool | None = None) -> LinearO
     """
     if not A.is_square:
         raise ValueError(f"shift: expected a square operator, got {describe(A)}")
-    structured = A._shift(lam, is_known_nonnegative(lam, nonnegative))
+    structured = closed_forms.shift(A, lam, is_known_nonnegative(lam, nonnegative))
     if structured is not NotImplemented:  # e.g. an eigen-decomposed operator: its eigenvalues move
         return structured
     if isinstance(A, Sum) and _is_shift(A.terms[-1]):  # (B + mu I) + lam I is B + (mu + lam) I: never nests
@@ -174,7 +174,7 @@ def _probe_solve(A: LinearOperator) -> bool:
     found = [True]
 
     def probe(b):
-        x = A._solve(b)
+        x = closed_forms.solve(A, b)
         if x is NotImplemented:
             found[0] = False
             return b
@@ -201,7 +201,7 @@ def factorize(A: LinearOperator) -> LinearOperator:
     """
     _check_op(A, "factorize")
     check_square(A, "factorize")
-    f = A._factorize()
+    f = closed_forms.factorize(A)
     return A if f is NotImplemented else f
 
 
@@ -227,7 +227,7 @@ def root(A: LinearOperator) -> LinearOperator:
     if _tags.psd not in A.tags:
         raise ValueError(f"root: {describe(A)} is not tagged psd (its tags: {sorted(A.tags)}); a square-root factor "
                          "exists for PSD operators only")
-    return closed_form(A._root(), A, "root", "lo.sqrt(A, method='dense')")
+    return closed_form(closed_forms.root(A), A, "root", "lo.sqrt(A, method='dense')")
 
 
 def eigendecompose(A: LinearOperator) -> LinearOperator:
@@ -247,9 +247,9 @@ def eigendecompose(A: LinearOperator) -> LinearOperator:
     _check_op(A, "eigendecompose")
     check_square(A, "eigendecompose")
     _check_symmetric(A, "eigendecompose")
-    E = A._eigendecompose()
+    E = closed_forms.eigendecompose(A)
     if E is NotImplemented:
-        wq = closed_form(A._eigh(), A, "eigendecompose", "lo.Dense(A.as_matrix(), tags={'symmetric'})")
+        wq = closed_form(closed_forms.eigh(A), A, "eigendecompose", "lo.Dense(A.as_matrix(), tags={'symmetric'})")
         E = EigenDecomposed(wq[1], wq[0], nonnegative=True if _tags.psd in A.tags else None)
     return E
 
@@ -267,7 +267,7 @@ def eigvalsh(A: LinearOperator, *, method: str | None = None) -> Float[Array, " 
     _check_method("eigvalsh", method, (None, "dense"))
     _check_symmetric(A, "eigvalsh")
     if method is None:
-        return closed_form(A._eigvalsh(), A, "eigvalsh", "method='dense'")
+        return closed_form(closed_forms.eigvalsh(A), A, "eigvalsh", "method='dense'")
     return jnp.linalg.eigvalsh(A.as_matrix())
 
 
@@ -285,8 +285,8 @@ def pinv(A: LinearOperator, *, rtol: float | None = None, method: str | None = N
     _check_op(A, "pinv")
     _check_method("pinv", method, (None, "dense"))
     if method is None:
-        return closed_form(A._pinv(rtol), A, "pinv", "method='dense'")
-    return Dense(A.as_matrix(), tags=A.tags & {_tags.symmetric})._pinv(rtol)
+        return closed_form(closed_forms.pinv(A, rtol), A, "pinv", "method='dense'")
+    return closed_forms.pinv(Dense(A.as_matrix(), tags=A.tags & {_tags.symmetric}), rtol)
 
 
 def sqrt(A: LinearOperator, *, method: str | None = None) -> LinearOperator:
@@ -309,9 +309,10 @@ def sqrt(A: LinearOperator, *, method: str | None = None) -> LinearOperator:
             "square root is defined here for PSD operators only"
         )
     if method is None:
-        return closed_form(A._sqrt(), A, "sqrt", "method='dense'; or, to sample, lo.root(A), a factor R with "
-                           "R R^T = A that more structures have (diagonal plus low rank, Cholesky factors)")
-    return Dense(A.as_matrix(), tags={_tags.psd})._sqrt()
+        return closed_form(closed_forms.sqrt(A), A, "sqrt",
+                           "method='dense'; or, to sample, lo.root(A), a factor R with R R^T = A "
+                           "that more structures have (diagonal plus low rank, Cholesky factors)")
+    return closed_forms.sqrt(Dense(A.as_matrix(), tags={_tags.psd}))
 
 
 def _basis_probe(A, fn, chunk):
@@ -354,7 +355,8 @@ def diag(
     _check_op(A, "diag")
     _check_method("diag", method, (None, "exact", "hutchinson"))
     if method is None:
-        return closed_form(A._diag(), A, "diag", "method='exact' (n products) or method='hutchinson' (with key)")
+        return closed_form(closed_forms.diag(A), A, "diag",
+                           "method='exact' (n products) or method='hutchinson' (with key)")
     check_square(A, f"diag(method={method!r})")
     if method == "exact":
         pick = lambda A, E, cols: jnp.take_along_axis(A.mm(E), jnp.minimum(cols, A.shape[0] - 1)[None, :], 0)[0]  # noqa: E731
@@ -385,7 +387,8 @@ def trace(
     check_square(A, "trace")
     _check_method("trace", method, (None, "exact", "hutchinson"))
     if method is None:
-        return closed_form(A._trace(), A, "trace", "method='exact' (n products) or method='hutchinson' (with key)")
+        return closed_form(closed_forms.trace(A), A, "trace",
+                           "method='exact' (n products) or method='hutchinson' (with key)")
     if method == "exact":
         return jnp.sum(diag(A, method="exact"))
     return hutchinson(A, key, num_samples).value
@@ -462,8 +465,8 @@ def logdet(A: LinearOperator, *, method: str | None = None) -> Float[Array, ""]:
     check_square(A, "logdet")
     _check_method("logdet", method, (None, "dense"))
     if method is None:
-        return closed_form(A._logdet(), A, "logdet", "method='dense'")
-    return Dense(A.as_matrix(), tags=A.tags & {_tags.psd})._logdet()
+        return closed_form(closed_forms.logdet(A), A, "logdet", "method='dense'")
+    return closed_forms.logdet(Dense(A.as_matrix(), tags=A.tags & {_tags.psd}))
 
 
 def eigh(A: LinearOperator, *, method: str | None = None) -> tuple[Float[Array, " n"], LinearOperator]:
@@ -484,12 +487,12 @@ def eigh(A: LinearOperator, *, method: str | None = None) -> tuple[Float[Array, 
     _check_method("eigh", method, (None, "dense"))
     _check_symmetric(A, "eigh")
     if method is None:
-        wq = A._eigh()
-        if wq is NotImplemented and (E := A._eigendecompose()) is not NotImplemented:
+        wq = closed_forms.eigh(A)
+        if wq is NotImplemented and (E := closed_forms.eigendecompose(A)) is not NotImplemented:
             order = jnp.argsort(E.w)
             wq = E.w[order], E.Q @ Selection(order, E.w.shape[0], is_permutation=True).T
         return closed_form(wq, A, "eigh", "method='dense'")
-    return Dense(A.as_matrix(), tags={_tags.symmetric})._eigh()
+    return closed_forms.eigh(Dense(A.as_matrix(), tags={_tags.symmetric}))
 
 
 __all__ = ["Estimate", "shift", "solve", "inv", "pinv", "sqrt", "diag", "trace", "logdet", "eigh",

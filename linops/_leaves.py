@@ -11,7 +11,7 @@ import jax.scipy.linalg as jsl
 import numpy as np
 from jax import lax
 
-from linops import _tags
+from linops import _tags, closed_forms
 from linops._arrays import (
     as_matrix_array,
     cutoff_inverse,
@@ -78,68 +78,92 @@ class Dense(LinearOperator):
     def as_matrix(self):
         return self.matrix
 
-    def _diag(self):
-        return jnp.diagonal(self.matrix)
 
-    def _solve(self, b):
-        if _tags.psd in self.declared:
-            return jsl.cho_solve(jsl.cho_factor(self.matrix, lower=True), b)
-        return jnp.linalg.solve(self.matrix, _columns(b)).reshape(b.shape)
+@closed_forms.diag.register(Dense)
+def _dense_diag(op):
+    return jnp.diagonal(op.matrix)
 
-    def _inv(self):
-        return Dense(jnp.linalg.inv(self.matrix), tags=self.declared & _INV_KEEPS)
 
-    def _logdet(self):
-        if _tags.psd in self.declared:
-            L = jnp.linalg.cholesky(self.matrix)
-            return 2.0 * jnp.sum(jnp.log(jnp.diagonal(L)))
-        return jnp.linalg.slogdet(self.matrix)[1]
+@closed_forms.solve.register(Dense)
+def _dense_solve(op, b):
+    if _tags.psd in op.declared:
+        return jsl.cho_solve(jsl.cho_factor(op.matrix, lower=True), b)
+    return jnp.linalg.solve(op.matrix, _columns(b)).reshape(b.shape)
 
-    def _pinv(self, rtol):
-        if (tagged := super()._pinv(rtol)) is not NotImplemented:  # a projector is its own
-            return tagged
-        if _tags.symmetric in self.declared:
-            w, Q = jnp.linalg.eigh(self.matrix)
-            return Dense((Q * cutoff_inverse(w, rtol, self.shape)[None, :]) @ Q.T, tags={"symmetric"})
-        U, s, Vt = jnp.linalg.svd(self.matrix, full_matrices=False)
-        return Dense((Vt.T * cutoff_inverse(s, rtol, self.shape)[None, :]) @ U.T)
 
-    def _sqrt(self):
-        if (tagged := super()._sqrt()) is not NotImplemented:  # a projector is its own
-            return tagged
-        if _tags.psd not in self.declared:
-            return NotImplemented
-        w, Q = jnp.linalg.eigh(self.matrix)
-        return Dense((Q * jnp.sqrt(jnp.clip(w, 0.0))[None, :]) @ Q.T, tags={"psd"})
+@closed_forms.inv.register(Dense)
+def _dense_inv(op):
+    return Dense(jnp.linalg.inv(op.matrix), tags=op.declared & _INV_KEEPS)
 
-    def _eigh(self):
-        if _tags.symmetric not in self.declared:
-            return NotImplemented
-        w, Q = jnp.linalg.eigh(self.matrix)
-        return w, Dense(Q, tags={"orthogonal"})
 
-    def _eigvalsh(self):
-        return jnp.linalg.eigvalsh(self.matrix) if _tags.symmetric in self.declared else NotImplemented
+@closed_forms.logdet.register(Dense)
+def _dense_logdet(op):
+    if _tags.psd in op.declared:
+        L = jnp.linalg.cholesky(op.matrix)
+        return 2.0 * jnp.sum(jnp.log(jnp.diagonal(L)))
+    return jnp.linalg.slogdet(op.matrix)[1]
 
-    def _eigendecompose(self):
-        wq = self._eigh()
-        if wq is NotImplemented:
-            return wq
-        return EigenDecomposed(wq[1], wq[0], nonnegative=_tags.psd in self.declared or None)
 
-    def _hadamard_square(self):
-        return Dense(self.matrix**2)
+@closed_forms.pinv.register(Dense)
+def _dense_pinv(op, rtol):
+    if (tagged := closed_forms.pinv.after(Dense, op, rtol)) is not NotImplemented:  # a projector is its own
+        return tagged
+    if _tags.symmetric in op.declared:
+        w, Q = jnp.linalg.eigh(op.matrix)
+        return Dense((Q * cutoff_inverse(w, rtol, op.shape)[None, :]) @ Q.T, tags={"symmetric"})
+    U, s, Vt = jnp.linalg.svd(op.matrix, full_matrices=False)
+    return Dense((Vt.T * cutoff_inverse(s, rtol, op.shape)[None, :]) @ U.T)
 
-    def _factorize(self):
-        if _tags.psd in self.declared:
-            return Cholesky(Triangular(jnp.linalg.cholesky(self.matrix), lower=True, zero_other_triangle=False))
-        return LU(*jsl.lu_factor(self.matrix))
 
-    def _root(self):
-        # A Cholesky factor: a fraction of the principal root's cost, and all a sample needs.
-        if _tags.psd not in self.declared:
-            return NotImplemented
-        return Triangular(jnp.linalg.cholesky(self.matrix), lower=True, zero_other_triangle=False)
+@closed_forms.sqrt.register(Dense)
+def _dense_sqrt(op):
+    if (tagged := closed_forms.sqrt.after(Dense, op)) is not NotImplemented:  # a projector is its own
+        return tagged
+    if _tags.psd not in op.declared:
+        return NotImplemented
+    w, Q = jnp.linalg.eigh(op.matrix)
+    return Dense((Q * jnp.sqrt(jnp.clip(w, 0.0))[None, :]) @ Q.T, tags={"psd"})
+
+
+@closed_forms.eigh.register(Dense)
+def _dense_eigh(op):
+    if _tags.symmetric not in op.declared:
+        return NotImplemented
+    w, Q = jnp.linalg.eigh(op.matrix)
+    return w, Dense(Q, tags={"orthogonal"})
+
+
+@closed_forms.eigvalsh.register(Dense)
+def _dense_eigvalsh(op):
+    return jnp.linalg.eigvalsh(op.matrix) if _tags.symmetric in op.declared else NotImplemented
+
+
+@closed_forms.eigendecompose.register(Dense)
+def _dense_eigendecompose(op):
+    wq = closed_forms.eigh(op)
+    if wq is NotImplemented:
+        return wq
+    return EigenDecomposed(wq[1], wq[0], nonnegative=_tags.psd in op.declared or None)
+
+
+@closed_forms.hadamard_square.register(Dense)
+def _dense_hadamard_square(op):
+    return Dense(op.matrix**2)
+
+
+@closed_forms.factorize.register(Dense)
+def _dense_factorize(op):
+    if _tags.psd in op.declared:
+        return Cholesky(Triangular(jnp.linalg.cholesky(op.matrix), lower=True, zero_other_triangle=False))
+    return LU(*jsl.lu_factor(op.matrix))
+
+
+@closed_forms.root.register(Dense)
+def _dense_root(op):
+    # A Cholesky factor: a fraction of the principal root's cost, and all a sample needs.
+    if _tags.psd not in op.declared:
+        return NotImplemented
+    return Triangular(jnp.linalg.cholesky(op.matrix), lower=True, zero_other_triangle=False)
 
 
 _INV_KEEPS = frozenset({_tags.symmetric, _tags.psd, _tags.diagonal, _tags.orthogonal})
@@ -192,34 +216,52 @@ class Diagonal(LinearOperator):
         check_dense(self)
         return jnp.diag(self.d)
 
-    def _diag(self):
-        return self.d
 
-    def _solve(self, b):
-        return b / self.d if b.ndim == 1 else b / self.d[:, None]
+@closed_forms.diag.register(Diagonal)
+def _diagonal_diag(op):
+    return op.d
 
-    def _inv(self):
-        return Diagonal(1.0 / self.d, nonnegative=self.nonnegative or None)
 
-    def _logdet(self):
-        return jnp.sum(jnp.log(jnp.abs(self.d)))
+@closed_forms.solve.register(Diagonal)
+def _diagonal_solve(op, b):
+    return b / op.d if b.ndim == 1 else b / op.d[:, None]
 
-    def _pinv(self, rtol):
-        return Diagonal(cutoff_inverse(self.d, rtol, self.shape), nonnegative=self.nonnegative or None)
 
-    def _sqrt(self):
-        if not self.nonnegative:
-            return NotImplemented
-        return Diagonal(jnp.sqrt(self.d), nonnegative=True)
+@closed_forms.inv.register(Diagonal)
+def _diagonal_inv(op):
+    return Diagonal(1.0 / op.d, nonnegative=op.nonnegative or None)
 
-    def _eigendecompose(self):
-        return EigenDecomposed(Identity(self.shape[0], self.dtype), self.d, nonnegative=self.nonnegative or None)
 
-    def _woodbury_part(self):
-        return ("diagonal", self.d)
+@closed_forms.logdet.register(Diagonal)
+def _diagonal_logdet(op):
+    return jnp.sum(jnp.log(jnp.abs(op.d)))
 
-    def _hadamard_square(self):
-        return Diagonal(self.d**2, nonnegative=True)
+
+@closed_forms.pinv.register(Diagonal)
+def _diagonal_pinv(op, rtol):
+    return Diagonal(cutoff_inverse(op.d, rtol, op.shape), nonnegative=op.nonnegative or None)
+
+
+@closed_forms.sqrt.register(Diagonal)
+def _diagonal_sqrt(op):
+    if not op.nonnegative:
+        return NotImplemented
+    return Diagonal(jnp.sqrt(op.d), nonnegative=True)
+
+
+@closed_forms.eigendecompose.register(Diagonal)
+def _diagonal_eigendecompose(op):
+    return EigenDecomposed(Identity(op.shape[0], op.dtype), op.d, nonnegative=op.nonnegative or None)
+
+
+@closed_forms.woodbury_part.register(Diagonal)
+def _diagonal_woodbury_part(op):
+    return ("diagonal", op.d)
+
+
+@closed_forms.hadamard_square.register(Diagonal)
+def _diagonal_hadamard_square(op):
+    return Diagonal(op.d**2, nonnegative=True)
 
 
 class Identity(LinearOperator):
@@ -260,17 +302,25 @@ class Identity(LinearOperator):
     def signature(self):
         return ("Identity", self.n, str(self.dtype))
 
-    def _diag(self):
-        return jnp.ones(self.n, self.dtype)
 
-    def _eigendecompose(self):
-        return EigenDecomposed(self, jnp.ones(self.n, self.dtype), nonnegative=True)
+@closed_forms.diag.register(Identity)
+def _identity_diag(op):
+    return jnp.ones(op.n, op.dtype)
 
-    def _woodbury_part(self):
-        return ("diagonal", 1.0)
 
-    def _hadamard_square(self):
-        return self
+@closed_forms.eigendecompose.register(Identity)
+def _identity_eigendecompose(op):
+    return EigenDecomposed(op, jnp.ones(op.n, op.dtype), nonnegative=True)
+
+
+@closed_forms.woodbury_part.register(Identity)
+def _identity_woodbury_part(op):
+    return ("diagonal", 1.0)
+
+
+@closed_forms.hadamard_square.register(Identity)
+def _identity_hadamard_square(op):
+    return op
 
 
 class Zero(LinearOperator):
@@ -321,17 +371,25 @@ class Zero(LinearOperator):
     def signature(self):
         return ("Zero", self.m, self.n, str(self.dtype))
 
-    def _diag(self):
-        return jnp.zeros(min(self.m, self.n), self.dtype)
 
-    def _pinv(self, rtol):
-        return Zero(self.n, self.m, self.dtype)
+@closed_forms.diag.register(Zero)
+def _zero_diag(op):
+    return jnp.zeros(min(op.m, op.n), op.dtype)
 
-    def _woodbury_part(self):
-        return ("zero",)
 
-    def _hadamard_square(self):
-        return self
+@closed_forms.pinv.register(Zero)
+def _zero_pinv(op, rtol):
+    return Zero(op.n, op.m, op.dtype)
+
+
+@closed_forms.woodbury_part.register(Zero)
+def _zero_woodbury_part(op):
+    return ("zero",)
+
+
+@closed_forms.hadamard_square.register(Zero)
+def _zero_hadamard_square(op):
+    return op
 
 
 class FunctionOp(LinearOperator):

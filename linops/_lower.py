@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
 
-from linops._base import CLOSED_FORMS, LinearOperator
+from linops import closed_forms
+from linops._base import LinearOperator
 from linops._rules import simplify
 
 
@@ -78,17 +79,17 @@ class Lowered(LinearOperator):
 
 
 
-def _forwarding(name):
-    def hook(self, *args):
-        return getattr(self.op, name)(*args)
+def _forwarding(function):
+    def rule(op, *args):
+        return function(op.op, *args)
 
-    hook.__name__ = hook.__qualname__ = name
-    return hook
+    rule.__name__ = rule.__qualname__ = f"_lowered_{function.name}"
+    return rule
 
 
-# Every closed form of the simplified operator, forwarded (a hook added to the base is forwarded too).
-for _name in CLOSED_FORMS:
-    setattr(Lowered, _name, _forwarding(_name))
+# Every closed form of the simplified operator, forwarded (a function added to the table is forwarded too).
+for _function in closed_forms.FUNCTIONS:
+    _function.register(Lowered, _forwarding(_function))
 
 
 def _make_programs(treedef, static):

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import equinox as eqx
 
-from linops import _tags
+from linops import _tags, closed_forms
 from linops._base import (
     LinearOperator,
     SharedArrays,
@@ -137,30 +137,38 @@ class Product(LinearOperator):
     def _all_square(self):
         return all(f.is_square for f in self.factors)
 
-    def _solve(self, b):
-        if not self._all_square():
-            return NotImplemented
-        for f in self.factors:
-            b = f._solve(b)
-            if b is NotImplemented:
-                return NotImplemented
-        return b
 
-    def _inv(self):
-        if not self._all_square():
+@closed_forms.solve.register(Product)
+def _product_solve(op, b):
+    if not op._all_square():
+        return NotImplemented
+    for f in op.factors:
+        b = closed_forms.solve(f, b)
+        if b is NotImplemented:
             return NotImplemented
-        return Product([inverse_of(f) for f in reversed(self.factors)])
+    return b
 
-    def _logdet(self):
-        if not self._all_square():
-            return NotImplemented
-        parts = [f._logdet() for f in self.factors]
-        return NotImplemented if any(p is NotImplemented for p in parts) else sum(parts)
 
-    def _factorize(self):
-        if not self._all_square():
-            return NotImplemented
-        return factorize_children(self, self.factors)
+@closed_forms.inv.register(Product)
+def _product_inv(op):
+    if not op._all_square():
+        return NotImplemented
+    return Product([inverse_of(f) for f in reversed(op.factors)])
+
+
+@closed_forms.logdet.register(Product)
+def _product_logdet(op):
+    if not op._all_square():
+        return NotImplemented
+    parts = [closed_forms.logdet(f) for f in op.factors]
+    return NotImplemented if any(p is NotImplemented for p in parts) else sum(parts)
+
+
+@closed_forms.factorize.register(Product)
+def _product_factorize(op):
+    if not op._all_square():
+        return NotImplemented
+    return factorize_children(op, op.factors)
 
 
 class Transpose(LinearOperator):
@@ -211,38 +219,52 @@ class Transpose(LinearOperator):
     def transpose(self):
         return self.op
 
-    def _diag(self):
-        return self.op._diag()
 
-    def _solve(self, b):
-        if _tags.symmetric in self.op.tags:
-            return self.op._solve(b)
-        factored = self.op._factorize()  # e.g. a dense matrix's LU: solves with its transpose directly
-        if factored is not NotImplemented and factored is not self.op:
-            return factored.T._solve(b)
-        inv = self._inv()
-        if inv is NotImplemented:
-            return inv
-        return inv.mv(b) if b.ndim == 1 else inv.mm(b)
+@closed_forms.diag.register(Transpose)
+def _transpose_diag(op):
+    return closed_forms.diag(op.op)
 
-    def _inv(self):
-        inv = self.op._inv()
-        return inv if inv is NotImplemented else inv.T
 
-    def _logdet(self):
-        return self.op._logdet()
+@closed_forms.solve.register(Transpose)
+def _transpose_solve(op, b):
+    if _tags.symmetric in op.op.tags:
+        return closed_forms.solve(op.op, b)
+    factored = closed_forms.factorize(op.op)  # e.g. a dense matrix's LU: solves with its transpose directly
+    if factored is not NotImplemented and factored is not op.op:
+        return closed_forms.solve(factored.T, b)
+    inv = closed_forms.inv(op)
+    if inv is NotImplemented:
+        return inv
+    return inv.mv(b) if b.ndim == 1 else inv.mm(b)
 
-    def _pinv(self, rtol):
-        p = self.op._pinv(rtol)
-        return p if p is NotImplemented else p.T
 
-    def _factorize(self):
-        f = self.op._factorize()
-        return f if f is NotImplemented else f.T
+@closed_forms.inv.register(Transpose)
+def _transpose_inv(op):
+    inv = closed_forms.inv(op.op)
+    return inv if inv is NotImplemented else inv.T
 
-    def _hadamard_square(self):
-        h = self.op._hadamard_square()
-        return h if h is NotImplemented else h.T
+
+@closed_forms.logdet.register(Transpose)
+def _transpose_logdet(op):
+    return closed_forms.logdet(op.op)
+
+
+@closed_forms.pinv.register(Transpose)
+def _transpose_pinv(op, rtol):
+    p = closed_forms.pinv(op.op, rtol)
+    return p if p is NotImplemented else p.T
+
+
+@closed_forms.factorize.register(Transpose)
+def _transpose_factorize(op):
+    f = closed_forms.factorize(op.op)
+    return f if f is NotImplemented else f.T
+
+
+@closed_forms.hadamard_square.register(Transpose)
+def _transpose_hadamard_square(op):
+    h = closed_forms.hadamard_square(op.op)
+    return h if h is NotImplemented else h.T
 
 
 @shares_arrays("op", "factored")
@@ -302,14 +324,14 @@ class Inverse(LinearOperator):
 
     def mv(self, v):
         if self.factored is not None:
-            return self.factored._solve(v)
+            return closed_forms.solve(self.factored, v)
         return self._solve_with(self.op, v)
 
     mm = mv
 
     def rmv(self, u):
         if self.factored is not None:
-            return self.factored.T._solve(u)
+            return closed_forms.solve(self.factored.T, u)
         return self._solve_with(self.op.T, u)
 
     rmm = rmv
@@ -320,65 +342,81 @@ class Inverse(LinearOperator):
         return Inverse(self.op.T, self.method, self.options,
                        factored=None if self.factored is None else self.factored.T)
 
-    def _solve(self, b):
-        return self.op.mv(b) if b.ndim == 1 else self.op.mm(b)
 
-    def _inv(self):
-        return self.op
+@closed_forms.solve.register(Inverse)
+def _inverse_solve(op, b):
+    return op.op.mv(b) if b.ndim == 1 else op.op.mm(b)
 
-    def _logdet(self):
-        ld = (self.op if self.factored is None else self.factored)._logdet()
-        return ld if ld is NotImplemented else -ld
 
-    def _factorize(self):
-        return self if self.factored is not None else NotImplemented
+@closed_forms.inv.register(Inverse)
+def _inverse_inv(op):
+    return op.op
 
-    def _root(self):
-        r"""From a root $R R^\top = A$: $R^{-\top}$ when $R$ is square, else $A^{-1} R$ (both give $A^{-1}$)."""
-        if self.method is not None:
-            return NotImplemented
-        if self.factored is None:
-            explicit = self.op._inv()  # a structured inverse (diagonal, orthonormal low rank + shift) has its own
-            if explicit is not NotImplemented and not isinstance(explicit, Inverse) and _tags.psd in explicit.tags:
-                r = explicit._root()
-                if r is not NotImplemented:
-                    return r
-            s = self._sqrt()
-            if s is not NotImplemented:
-                return s
-        r = (self.op if self.factored is None else self.factored)._root()
-        if r is NotImplemented:
-            return r
-        if r.is_square:
-            rt = r.T
-            f = rt._factorize()
-            return Inverse(rt, factored=None if f is NotImplemented else f)
-        return Product((self, r))
 
-    def _diag(self):
-        inv = self.op._inv()
-        return NotImplemented if inv is NotImplemented or isinstance(inv, Inverse) else inv._diag()
+@closed_forms.logdet.register(Inverse)
+def _inverse_logdet(op):
+    ld = closed_forms.logdet(op.op if op.factored is None else op.factored)
+    return ld if ld is NotImplemented else -ld
 
-    def _sqrt(self):
-        s = self.op._sqrt()
-        if s is NotImplemented:
+
+@closed_forms.factorize.register(Inverse)
+def _inverse_factorize(op):
+    return op if op.factored is not None else NotImplemented
+
+
+@closed_forms.root.register(Inverse)
+def _inverse_root(op):
+    r"""From a root $R R^\top = A$: $R^{-\top}$ when $R$ is square, else $A^{-1} R$ (both give $A^{-1}$)."""
+    if op.method is not None:
+        return NotImplemented
+    if op.factored is None:
+        explicit = closed_forms.inv(op.op)  # a structured inverse (diagonal, orthonormal low rank + shift) has its own
+        if explicit is not NotImplemented and not isinstance(explicit, Inverse) and _tags.psd in explicit.tags:
+            r = closed_forms.root(explicit)
+            if r is not NotImplemented:
+                return r
+        s = closed_forms.sqrt(op)
+        if s is not NotImplemented:
             return s
-        f = s._factorize() if self.method is None else NotImplemented
-        return Inverse(s, self.method, self.options, factored=None if f is NotImplemented else f)
+    r = closed_forms.root(op.op if op.factored is None else op.factored)
+    if r is NotImplemented:
+        return r
+    if r.is_square:
+        rt = r.T
+        f = closed_forms.factorize(rt)
+        return Inverse(rt, factored=None if f is NotImplemented else f)
+    return Product((op, r))
 
-    def _eigendecompose(self):
-        E = self.op._eigendecompose()
-        if E is NotImplemented:
-            wq = self.op._eigh()
-            if wq is NotImplemented:
-                return wq
-            E = EigenDecomposed(wq[1], wq[0])
-        return E._inv()
+
+@closed_forms.diag.register(Inverse)
+def _inverse_diag(op):
+    inv = closed_forms.inv(op.op)
+    return NotImplemented if inv is NotImplemented or isinstance(inv, Inverse) else closed_forms.diag(inv)
+
+
+@closed_forms.sqrt.register(Inverse)
+def _inverse_sqrt(op):
+    s = closed_forms.sqrt(op.op)
+    if s is NotImplemented:
+        return s
+    f = closed_forms.factorize(s) if op.method is None else NotImplemented
+    return Inverse(s, op.method, op.options, factored=None if f is NotImplemented else f)
+
+
+@closed_forms.eigendecompose.register(Inverse)
+def _inverse_eigendecompose(op):
+    E = closed_forms.eigendecompose(op.op)
+    if E is NotImplemented:
+        wq = closed_forms.eigh(op.op)
+        if wq is NotImplemented:
+            return wq
+        E = EigenDecomposed(wq[1], wq[0])
+    return closed_forms.inv(E)
 
 
 def inverse_of(A: LinearOperator, method: str | None = None, options: tuple = ()) -> LinearOperator:
     """`Inverse` of ``A`` holding ``A``'s factorisation when it has one (`linops.inv` without its checks)."""
     if isinstance(A, Inverse):
         return A.op
-    factored = A._factorize() if method is None else NotImplemented
+    factored = closed_forms.factorize(A) if method is None else NotImplemented
     return Inverse(A, method, options, factored=None if factored is NotImplemented else factored)

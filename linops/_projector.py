@@ -6,7 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from linops import _tags
+from linops import _tags, closed_forms
 from linops._arrays import describe
 from linops._base import LinearOperator
 from linops._leaves import Dense
@@ -137,14 +137,18 @@ class ProjectorOp(LinearOperator):
 
     mm = rmv = rmm = mv
 
-    def _diag(self):
-        B = self.M.rmm(self.W.T)  # (n, m): columns span the row space, orthonormal
-        row = jnp.sum(B * B, axis=1)
-        return row if self.onto == "row_space" else 1.0 - row
 
-    def _trace(self):
-        r = self.rank.astype(self.dtype)
-        return r if self.onto == "row_space" else self.shape[0] - r
+@closed_forms.diag.register(ProjectorOp)
+def _projector_op_diag(op):
+    B = op.M.rmm(op.W.T)  # (n, m): columns span the row space, orthonormal
+    row = jnp.sum(B * B, axis=1)
+    return row if op.onto == "row_space" else 1.0 - row
+
+
+@closed_forms.trace.register(ProjectorOp)
+def _projector_op_trace(op):
+    r = op.rank.astype(op.dtype)
+    return r if op.onto == "row_space" else op.shape[0] - r
 
 
 
@@ -195,11 +199,15 @@ class Complement(LinearOperator):
     rmv = mv
     rmm = mm
 
-    def _diag(self):
-        d = self.op._diag()
-        return d if d is NotImplemented else 1.0 - d
 
-    def _trace(self):
-        t = self.op._trace()
-        return t if t is NotImplemented else self.shape[0] - t
+@closed_forms.diag.register(Complement)
+def _complement_diag(op):
+    d = closed_forms.diag(op.op)
+    return d if d is NotImplemented else 1.0 - d
+
+
+@closed_forms.trace.register(Complement)
+def _complement_trace(op):
+    t = closed_forms.trace(op.op)
+    return t if t is NotImplemented else op.shape[0] - t
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Inexact, Int
 
-from linops import _tags
+from linops import _tags, closed_forms
 from linops._arrays import describe
 from linops._cg import cg, cg_many
 from linops.memory import check_fits
@@ -54,7 +54,8 @@ def solve_checked(A, b, method=None, *, rtol=None, atol=0.0, maxiter=None, preco
                   x0=None) -> Solution:
     """`linops.solve` without its argument checks (``b`` is an array of the right shape)."""
     if method is None:
-        return _direct(closed_form(A._solve(b), A, "solve", "method='cg' (A tagged psd) or method='dense'"))
+        return _direct(closed_form(closed_forms.solve(A, b), A, "solve",
+                                   "method='cg' (A tagged psd) or method='dense'"))
     if method == "dense":
         # the matrix and LU's factored copy are alive together: 2 n^2 numbers, not the n^2 of as_matrix alone
         n, k = A.shape[0], 1 if b.ndim == 1 else b.shape[1]

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linops import _tags
+from linops import _tags, closed_forms
 from linops._arrays import as_matrix_array, cutoff_inverse, default_float, is_known_nonnegative
 from linops._base import LinearOperator, SharedArrays, factorize_children, result_dtype, shares_arrays
 from linops._products import inverse_of
@@ -91,22 +91,30 @@ class LowRank(LinearOperator):
     def transpose(self):
         return self if self.symmetric else super().transpose()
 
-    def _diag(self):
-        return jnp.einsum("ik,k,ik->i", self.U, self.d, self.Vm)
 
-    def _sqrt(self):
-        if self.symmetric and self.orthonormal and self.nonnegative:
-            return LowRank(self.U, jnp.sqrt(self.d), orthonormal=True, nonnegative=True)
-        return NotImplemented
+@closed_forms.diag.register(LowRank)
+def _low_rank_diag(op):
+    return jnp.einsum("ik,k,ik->i", op.U, op.d, op.Vm)
 
-    def _woodbury_part(self):
-        return ("lowrank", self)  # subclasses (LanczosLowRankOp) inherit it
 
-    def _pinv(self, rtol):
-        if self.symmetric and self.orthonormal:
-            return LowRank(self.U, cutoff_inverse(self.d, rtol, self.shape), orthonormal=True,
-                           nonnegative=self.nonnegative or None)
-        return NotImplemented
+@closed_forms.sqrt.register(LowRank)
+def _low_rank_sqrt(op):
+    if op.symmetric and op.orthonormal and op.nonnegative:
+        return LowRank(op.U, jnp.sqrt(op.d), orthonormal=True, nonnegative=True)
+    return NotImplemented
+
+
+@closed_forms.woodbury_part.register(LowRank)
+def _low_rank_woodbury_part(op):
+    return ("lowrank", op)  # subclasses (LanczosLowRankOp) inherit it
+
+
+@closed_forms.pinv.register(LowRank)
+def _low_rank_pinv(op, rtol):
+    if op.symmetric and op.orthonormal:
+        return LowRank(op.U, cutoff_inverse(op.d, rtol, op.shape), orthonormal=True,
+                       nonnegative=op.nonnegative or None)
+    return NotImplemented
 
 
 class Selection(LinearOperator):
@@ -170,8 +178,10 @@ class Selection(LinearOperator):
 
     rmm = rmv
 
-    def _hadamard_square(self):
-        return self  # entries 0 and 1
+
+@closed_forms.hadamard_square.register(Selection)
+def _selection_hadamard_square(op):
+    return op  # entries 0 and 1
 
 
 def _split_points(sizes):
@@ -242,57 +252,77 @@ class BlockDiagonal(LinearOperator):
     def transpose(self):
         return BlockDiagonal([b.T for b in self.blocks])
 
-    def _per_block(self, method, *args):
-        outs = [getattr(b, method)(*args) for b in self.blocks]
+    def _per_block(self, function, *args):
+        outs = [function(b, *args) for b in self.blocks]
         return NotImplemented if any(o is NotImplemented for o in outs) else outs
 
-    def _diag(self):
-        outs = self._per_block("_diag")
-        return outs if outs is NotImplemented else jnp.concatenate(outs)
-
-    def _solve(self, b):
-        if any(not blk.is_square for blk in self.blocks):
-            return NotImplemented
-        parts = jnp.split(b, _split_points([blk.shape[0] for blk in self.blocks]), axis=0)
-        outs = [blk._solve(p) for blk, p in zip(self.blocks, parts, strict=True)]
-        return NotImplemented if any(o is NotImplemented for o in outs) else jnp.concatenate(outs, axis=0)
-
-    def _inv(self):
-        return BlockDiagonal([inverse_of(b) for b in self.blocks])
-
-    def _logdet(self):
-        outs = self._per_block("_logdet")
-        return outs if outs is NotImplemented else sum(outs)
-
-    def _blockwise(self, method, *args):
-        """``diag(f(A_1), ..., f(A_k))`` for a hook ``f`` every block has, else NotImplemented."""
-        outs = self._per_block(method, *args)
+    def _blockwise(self, function, *args):
+        """``diag(f(A_1), ..., f(A_k))`` for a closed form ``f`` every block has, else NotImplemented."""
+        outs = self._per_block(function, *args)
         return outs if outs is NotImplemented else BlockDiagonal(outs)
 
-    def _pinv(self, rtol):
-        return self._blockwise("_pinv", rtol)
 
-    def _sqrt(self):
-        return self._blockwise("_sqrt")
+@closed_forms.diag.register(BlockDiagonal)
+def _block_diagonal_diag(op):
+    outs = op._per_block(closed_forms.diag)
+    return outs if outs is NotImplemented else jnp.concatenate(outs)
 
-    def _root(self):
-        return self._blockwise("_root")
 
-    def _hadamard_square(self):
-        return self._blockwise("_hadamard_square")
+@closed_forms.solve.register(BlockDiagonal)
+def _block_diagonal_solve(op, b):
+    if any(not blk.is_square for blk in op.blocks):
+        return NotImplemented
+    parts = jnp.split(b, _split_points([blk.shape[0] for blk in op.blocks]), axis=0)
+    outs = [closed_forms.solve(blk, p) for blk, p in zip(op.blocks, parts, strict=True)]
+    return NotImplemented if any(o is NotImplemented for o in outs) else jnp.concatenate(outs, axis=0)
 
-    def _eigendecompose(self):
-        outs = self._per_block("_eigendecompose")
-        if outs is NotImplemented or any(not b.is_square for b in self.blocks):
-            return NotImplemented
-        nonnegative = all(o.nonnegative for o in outs) or None
-        return type(outs[0])(BlockDiagonal([o.Q for o in outs]), jnp.concatenate([o.w for o in outs]),
-                             nonnegative=nonnegative)
 
-    def _factorize(self):
-        if any(not b.is_square for b in self.blocks):
-            return NotImplemented
-        return factorize_children(self, self.blocks)
+@closed_forms.inv.register(BlockDiagonal)
+def _block_diagonal_inv(op):
+    return BlockDiagonal([inverse_of(b) for b in op.blocks])
+
+
+@closed_forms.logdet.register(BlockDiagonal)
+def _block_diagonal_logdet(op):
+    outs = op._per_block(closed_forms.logdet)
+    return outs if outs is NotImplemented else sum(outs)
+
+
+@closed_forms.pinv.register(BlockDiagonal)
+def _block_diagonal_pinv(op, rtol):
+    return op._blockwise(closed_forms.pinv, rtol)
+
+
+@closed_forms.sqrt.register(BlockDiagonal)
+def _block_diagonal_sqrt(op):
+    return op._blockwise(closed_forms.sqrt)
+
+
+@closed_forms.root.register(BlockDiagonal)
+def _block_diagonal_root(op):
+    return op._blockwise(closed_forms.root)
+
+
+@closed_forms.hadamard_square.register(BlockDiagonal)
+def _block_diagonal_hadamard_square(op):
+    return op._blockwise(closed_forms.hadamard_square)
+
+
+@closed_forms.eigendecompose.register(BlockDiagonal)
+def _block_diagonal_eigendecompose(op):
+    outs = op._per_block(closed_forms.eigendecompose)
+    if outs is NotImplemented or any(not b.is_square for b in op.blocks):
+        return NotImplemented
+    nonnegative = all(o.nonnegative for o in outs) or None
+    return type(outs[0])(BlockDiagonal([o.Q for o in outs]), jnp.concatenate([o.w for o in outs]),
+                         nonnegative=nonnegative)
+
+
+@closed_forms.factorize.register(BlockDiagonal)
+def _block_diagonal_factorize(op):
+    if any(not b.is_square for b in op.blocks):
+        return NotImplemented
+    return factorize_children(op, op.blocks)
 
 
 @shares_arrays("A", "B")
@@ -367,66 +397,86 @@ class Kronecker(LinearOperator):
     def transpose(self):
         return Kronecker(self.A.T, self.B.T)
 
-    def _both(self, method, *args):
-        a, b = getattr(self.A, method)(*args), getattr(self.B, method)(*args)
+    def _both(self, function, *args):
+        a, b = function(self.A, *args), function(self.B, *args)
         return NotImplemented if (a is NotImplemented or b is NotImplemented) else (a, b)
 
-    def _diag(self):
-        ab = self._both("_diag")
-        return ab if ab is NotImplemented else jnp.kron(*ab)
 
-    def _solve(self, b):
-        r"""$(A \otimes B)^{-1} \mathrm{vec}(X) = \mathrm{vec}(A^{-1} X B^{-\top})$, by the factors' closed forms."""
-        if not (self.A.is_square and self.B.is_square):
-            return NotImplemented
+@closed_forms.diag.register(Kronecker)
+def _kronecker_diag(op):
+    ab = op._both(closed_forms.diag)
+    return ab if ab is NotImplemented else jnp.kron(*ab)
 
-        # Every right-hand side at once: one solve with each factor, however many columns b has.
-        na, nb = self.A.shape[0], self.B.shape[0]
-        k = b.shape[1:]
-        X = b.reshape((na, nb) + k)
-        Y = self.A._solve(X.reshape(na, -1))  # A^-1 along the first axis
-        if Y is NotImplemented:
-            return Y
-        Y = jnp.moveaxis(Y.reshape((na, nb) + k), 1, 0).reshape(nb, -1)
-        Z = self.B._solve(Y)  # B^-1 along the second axis
-        if Z is NotImplemented:
-            return Z
-        return jnp.moveaxis(Z.reshape((nb, na) + k), 0, 1).reshape(b.shape)
 
-    def _inv(self):
-        return Kronecker(inverse_of(self.A), inverse_of(self.B))
+@closed_forms.solve.register(Kronecker)
+def _kronecker_solve(op, b):
+    r"""$(A \otimes B)^{-1} \mathrm{vec}(X) = \mathrm{vec}(A^{-1} X B^{-\top})$, by the factors' closed forms."""
+    if not (op.A.is_square and op.B.is_square):
+        return NotImplemented
 
-    def _logdet(self):
-        ab = self._both("_logdet")
-        if ab is NotImplemented:
-            return ab
-        return self.B.shape[0] * ab[0] + self.A.shape[0] * ab[1]
+    # Every right-hand side at once: one solve with each factor, however many columns b has.
+    na, nb = op.A.shape[0], op.B.shape[0]
+    k = b.shape[1:]
+    X = b.reshape((na, nb) + k)
+    Y = closed_forms.solve(op.A, X.reshape(na, -1))  # A^-1 along the first axis
+    if Y is NotImplemented:
+        return Y
+    Y = jnp.moveaxis(Y.reshape((na, nb) + k), 1, 0).reshape(nb, -1)
+    Z = closed_forms.solve(op.B, Y)  # B^-1 along the second axis
+    if Z is NotImplemented:
+        return Z
+    return jnp.moveaxis(Z.reshape((nb, na) + k), 0, 1).reshape(b.shape)
 
-    def _pinv(self, rtol):
-        ab = self._both("_pinv", rtol)
-        return ab if ab is NotImplemented else Kronecker(*ab)
 
-    def _sqrt(self):
-        ab = self._both("_sqrt")
-        return ab if ab is NotImplemented else Kronecker(*ab)
+@closed_forms.inv.register(Kronecker)
+def _kronecker_inv(op):
+    return Kronecker(inverse_of(op.A), inverse_of(op.B))
 
-    def _root(self):
-        ab = self._both("_root")  # (R_A R_A^T) kron (R_B R_B^T) = (R_A kron R_B)(R_A kron R_B)^T
-        return ab if ab is NotImplemented else Kronecker(*ab)
 
-    def _hadamard_square(self):
-        ab = self._both("_hadamard_square")  # (A kron B) o (A kron B) = (A o A) kron (B o B)
-        return ab if ab is NotImplemented else Kronecker(*ab)
+@closed_forms.logdet.register(Kronecker)
+def _kronecker_logdet(op):
+    ab = op._both(closed_forms.logdet)
+    if ab is NotImplemented:
+        return ab
+    return op.B.shape[0] * ab[0] + op.A.shape[0] * ab[1]
 
-    def _factorize(self):
-        if not (self.A.is_square and self.B.is_square):
-            return NotImplemented
-        return factorize_children(self, (self.A, self.B))
 
-    def _eigendecompose(self):
-        ab = self._both("_eigendecompose")
-        if ab is NotImplemented:
-            return ab
-        a, b = ab  # (Q_A kron Q_B) diag(w_A kron w_B) (Q_A kron Q_B)^T
-        return type(a)(Kronecker(a.Q, b.Q), jnp.kron(a.w, b.w), nonnegative=(a.nonnegative and b.nonnegative) or None)
+@closed_forms.pinv.register(Kronecker)
+def _kronecker_pinv(op, rtol):
+    ab = op._both(closed_forms.pinv, rtol)
+    return ab if ab is NotImplemented else Kronecker(*ab)
+
+
+@closed_forms.sqrt.register(Kronecker)
+def _kronecker_sqrt(op):
+    ab = op._both(closed_forms.sqrt)
+    return ab if ab is NotImplemented else Kronecker(*ab)
+
+
+@closed_forms.root.register(Kronecker)
+def _kronecker_root(op):
+    ab = op._both(closed_forms.root)  # (R_A R_A^T) kron (R_B R_B^T) = (R_A kron R_B)(R_A kron R_B)^T
+    return ab if ab is NotImplemented else Kronecker(*ab)
+
+
+@closed_forms.hadamard_square.register(Kronecker)
+def _kronecker_hadamard_square(op):
+    ab = op._both(closed_forms.hadamard_square)  # (A kron B) o (A kron B) = (A o A) kron (B o B)
+    return ab if ab is NotImplemented else Kronecker(*ab)
+
+
+@closed_forms.factorize.register(Kronecker)
+def _kronecker_factorize(op):
+    if not (op.A.is_square and op.B.is_square):
+        return NotImplemented
+    return factorize_children(op, (op.A, op.B))
+
+
+@closed_forms.eigendecompose.register(Kronecker)
+def _kronecker_eigendecompose(op):
+    ab = op._both(closed_forms.eigendecompose)
+    if ab is NotImplemented:
+        return ab
+    a, b = ab  # (Q_A kron Q_B) diag(w_A kron w_B) (Q_A kron Q_B)^T
+    return type(a)(Kronecker(a.Q, b.Q), jnp.kron(a.w, b.w), nonnegative=(a.nonnegative and b.nonnegative) or None)
 

@@ -3,7 +3,7 @@ $sB + U C V^\top$ with one operator $B$ of any other kind that has its own close
 log-determinant (a Kronecker product, a factorised or eigen-decomposed matrix; an unfactorised `Dense`
 is not taken: `linops.factorize` it first).
 
-A sum's terms say what they are through the hook ``_woodbury_part`` (a diagonal, a low-rank
+A sum's terms say what they are through `linops.closed_forms.woodbury_part` (a diagonal, a low-rank
 term, zero; `Identity`, `Diagonal`, `LowRank` and its subclasses, `Zero` implement it); sums and
 scalings of such terms are recognised, and nothing ``n x n`` is ever formed. The ``k x k``
 capacitance is $K = I + V^\top D^{-1} U C$, which stays well-defined when entries of $C$ are
@@ -14,23 +14,23 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from linops import _tags
-from linops._composite import Scaled, Sum, register_sum_closed_form
+from linops import _tags, closed_forms
+from linops._composite import Scaled, Sum
 from linops._leaves import Dense, Diagonal, Identity
 from linops._products import Product
 from linops._structured import LowRank, Selection
 
 
 def _terms(op, scale=1.0):
-    """Yield ``(part, scale)`` for the flattened terms of a sum (``part`` from ``_woodbury_part``), or raise
-    KeyError for a term that is none of them."""
+    """Yield ``(part, scale)`` for the flattened terms of a sum (``part`` from
+    `linops.closed_forms.woodbury_part`), or raise KeyError for a term that is none of them."""
     if isinstance(op, Sum):
         for t in op.terms:
             yield from _terms(t, scale)
     elif isinstance(op, Scaled):
         yield from _terms(op.op, scale * op.scalar)
     else:
-        part = op._woodbury_part()
+        part = closed_forms.woodbury_part(op)
         if part is NotImplemented:
             raise KeyError(type(op).__name__)
         yield part, scale
@@ -103,7 +103,7 @@ def _base_split(op):
             return all(visit(t, scale) for t in term.terms)
         if isinstance(term, Scaled):
             return visit(term.op, scale * term.scalar)
-        part = term._woodbury_part()
+        part = closed_forms.woodbury_part(term)
         if part is NotImplemented:
             base.append((term, scale))
             return len(base) == 1
@@ -123,7 +123,7 @@ def _base_split(op):
 def _base_capacitance(B, s, lowrank):
     r"""``(A^{-1}U, c, V, K)`` for $A = sB$, from $B$'s own solve with the columns of $U$; None without one."""
     U = jnp.concatenate([u for u, _, _, _ in lowrank], axis=1)
-    BinvU = B._solve(U)
+    BinvU = closed_forms.solve(B, U)
     if BinvU is NotImplemented:
         return None
     c = jnp.concatenate([jnp.broadcast_to(ci, (u.shape[1],)) for u, ci, _, _ in lowrank])
@@ -138,7 +138,7 @@ def base_solve(op, b):
     if parts is None:
         return NotImplemented
     B, s, lowrank = parts
-    Z, cap = B._solve(b), _base_capacitance(B, s, lowrank)
+    Z, cap = closed_forms.solve(B, b), _base_capacitance(B, s, lowrank)
     if Z is NotImplemented or cap is None:
         return NotImplemented
     return _correct(Z / s, *cap)
@@ -150,7 +150,7 @@ def base_logdet(op):
     if parts is None:
         return NotImplemented
     B, s, lowrank = parts
-    log_det_B, cap = B._logdet(), _base_capacitance(B, s, lowrank)
+    log_det_B, cap = closed_forms.logdet(B), _base_capacitance(B, s, lowrank)
     if log_det_B is NotImplemented or cap is None:
         return NotImplemented
     return op.shape[0] * jnp.log(jnp.abs(s)) + log_det_B + jnp.linalg.slogdet(cap[3])[1]
@@ -247,6 +247,9 @@ def root(op):
     return Sum(pieces)
 
 
-for _hook, _rule in (("solve", solve), ("logdet", logdet), ("inv", inv), ("sqrt", sqrt), ("root", root),
-                     ("solve", base_solve), ("logdet", base_logdet)):
-    register_sum_closed_form(_hook, _rule)
+# A sum's closed forms (tried in this order: the diagonal-plus-low-rank form first, then one other operator
+# plus low rank).
+for _function, _rule in ((closed_forms.solve, solve), (closed_forms.logdet, logdet), (closed_forms.inv, inv),
+                         (closed_forms.sqrt, sqrt), (closed_forms.root, root), (closed_forms.solve, base_solve),
+                         (closed_forms.logdet, base_logdet)):
+    _function.register(Sum, _rule)

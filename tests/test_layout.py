@@ -221,3 +221,27 @@ def test_the_abstract_bases_cannot_be_instantiated():
 
     with pytest.raises(TypeError, match="mv"):
         Forgetful()
+
+
+_OLD_HOOKS = {f"_{name}" for name in ("diag", "solve", "inv", "pinv", "sqrt", "logdet", "eigh", "trace", "root",
+                                      "factorize", "eigendecompose", "eigvalsh", "shift", "hadamard_square",
+                                      "woodbury_part")}
+
+
+def test_closed_forms_are_registered_never_methods():
+    """`linops.closed_forms` is the one way to give a closed form: no operator class defines an underscore hook
+    (``_diag``, ``_solve``, ...) that a function would have to know about, and every table's rules are
+    listed by the table."""
+    import linops as lo
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    hooks = sorted(f"{c.__name__}.{name}" for c in subclasses(lo.LinearOperator)
+                   for name in vars(c) if name in _OLD_HOOKS)
+    assert hooks == []
+    assert {f"_{f.name}" for f in lo.closed_forms.FUNCTIONS} == _OLD_HOOKS
+    where = {c.__name__ for c, _ in lo.closed_forms.solve.rules()}
+    assert {"LinearOperator", "Dense", "Kronecker", "Sum", "Lowered"} <= where

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from linops import _tags
+from linops import _tags, closed_forms
 from linops._base import LinearOperator
 from linops.kernels._base import Kernel, _check_inputs
 from linops.memory import check_fits
@@ -177,7 +177,9 @@ class KernelGramOp(LinearOperator):
                                               .astype(self.dtype), t), (blocks, starts))
         return tiles.reshape(-1, m)[:n]
 
-    def _diag(self):
-        if self.X2 is not None:
-            return NotImplemented
-        return self.kernel.diag(self.X).astype(self.dtype)
+
+@closed_forms.diag.register(KernelGramOp)
+def _kernel_gram_op_diag(op):
+    if op.X2 is not None:
+        return NotImplemented
+    return op.kernel.diag(op.X).astype(op.dtype)

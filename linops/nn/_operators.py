@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from linops import _tags
+from linops import _tags, closed_forms
 from linops._base import LinearOperator
 from linops.likelihoods import Likelihood
 from linops.models import example_spec, ravel, unravel_of
@@ -332,15 +332,6 @@ class GGNOp(_LikelihoodOperator):
         G = self._sum(batch, self._data(), chunk, self.progress)
         return G if per_example is None else (G, None)
 
-    def _diag(self):
-        # The dense and convolutional layers found in fn's program get their blocks by per-layer rules (no
-        # per-example gradient of the whole network: `_layer_diag`); a model with none takes the general path.
-        plan = layer_plan(self.fn, self.params, jax.tree_util.tree_map(lambda a: a[0], self.inputs))
-        if plan is not None:
-            return layer_diag(plan, self.likelihood, self.inputs, self.targets, self.num_outputs, self.batch_size,
-                              self.mesh, self.axis, self.progress)
-        return self._diag_by_gradients()
-
     def _diag_by_gradients(self):
         # Example n adds the column sums of squares of its K rows A_n J_n (K x P). With many outputs (a
         # 1,000-class head) the rows are taken in blocks of at most ~2^25 numbers, one `lax.scan` step per
@@ -366,6 +357,17 @@ class GGNOp(_LikelihoodOperator):
             return jnp.sum(jax.vmap(example)(xb, factors), axis=0)
 
         return self._sum(batch, self._data(), chunk, self.progress)
+
+
+@closed_forms.diag.register(GGNOp)
+def _ggnop_diag(op):
+    # The dense and convolutional layers found in fn's program get their blocks by per-layer rules (no
+    # per-example gradient of the whole network: `_layer_diag`); a model with none takes the general path.
+    plan = layer_plan(op.fn, op.params, jax.tree_util.tree_map(lambda a: a[0], op.inputs))
+    if plan is not None:
+        return layer_diag(plan, op.likelihood, op.inputs, op.targets, op.num_outputs, op.batch_size,
+                          op.mesh, op.axis, op.progress)
+    return op._diag_by_gradients()
 
 
 class LossJacobianOp(_LikelihoodOperator):

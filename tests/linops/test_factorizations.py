@@ -10,7 +10,6 @@ from hypothesis import given
 from jax.extend import core as jex_core
 
 import linops as lo
-from linops._base import CLOSED_FORMS
 from linops.testing import strategies as lst
 
 from ._util import assert_close
@@ -83,12 +82,13 @@ def test_diag_of_the_inverse_of_a_lowered_operator():
     assert_close(lo.diag(lo.inv(lo.lower(D))), [0.5, 0.25, 0.2])  # raised "no closed form" before
 
 
-@pytest.mark.parametrize("name", [h for h in CLOSED_FORMS if h not in ("_pinv", "_shift")])
-def test_lowered_forwards_every_closed_form(name):
+@pytest.mark.parametrize("function", [f for f in lo.closed_forms.FUNCTIONS if f.name not in ("pinv", "shift")],
+                         ids=lambda f: f.name)
+def test_lowered_forwards_every_closed_form(function):
     Q = np.linalg.qr(RNG.standard_normal((4, 4)))[0]
     E = lo.EigenDecomposed(lo.Dense(jnp.asarray(Q), tags={"orthogonal"}), jnp.array([1.0, 2.0, 3.0, 4.0]))
-    args = (jnp.ones(4),) if name == "_solve" else ()
-    got, want = getattr(lo.lower(E), name)(*args), getattr(E, name)(*args)
+    args = (jnp.ones(4),) if function is lo.closed_forms.solve else ()
+    got, want = function(lo.lower(E), *args), function(E, *args)
     assert (got is NotImplemented) == (want is NotImplemented)
     if want is NotImplemented:
         return
@@ -97,7 +97,8 @@ def test_lowered_forwards_every_closed_form(name):
     if isinstance(want, lo.LinearOperator):
         got, want = got.as_matrix(), want.as_matrix()
     assert_close(got, want)
-    assert_close(lo.lower(E)._pinv(None).as_matrix(), E._pinv(None).as_matrix())
+    pinv = lo.closed_forms.pinv
+    assert_close(pinv(lo.lower(E), None).as_matrix(), pinv(E, None).as_matrix())
 
 
 # --- the factorised leaves ----------------------------------------------------------------------
@@ -134,8 +135,8 @@ def test_cholesky_and_lu_hold_their_factorisation():
     assert "psd" in C.tags and lo.factorize(C) is C
     assert_close(lo.diag(lo.inv(C)), np.diag(np.linalg.inv(M)))        # through the inverse's own factor
     assert_close(lo.inv(C).as_matrix(), np.linalg.inv(M))
-    assert_close(C._inv().as_matrix(), np.linalg.inv(M))
-    assert_close(lo.logdet(C._inv()), -np.linalg.slogdet(M)[1])
+    assert_close(lo.closed_forms.inv(C).as_matrix(), np.linalg.inv(M))
+    assert_close(lo.logdet(lo.closed_forms.inv(C)), -np.linalg.slogdet(M)[1])
     with pytest.raises(ValueError, match="not tagged psd"):
         lo.Cholesky.of(lo.Dense(jnp.asarray(M)))
     N = RNG.standard_normal((6, 6))
@@ -279,7 +280,7 @@ def test_factorised_leaves_match_their_dense_reference(case):
 
 
 def test_a_sum_takes_woodbury_from_what_its_terms_declare():
-    """Terms declare their Woodbury part (`_woodbury_part`): a lowered diagonal or a Lanczos factor counts."""
+    """Terms declare their Woodbury part (`linops.lo.closed_forms.woodbury_part`): a lowered diagonal or a Lanczos factor counts."""
     d = RNG.uniform(1.0, 2.0, 5)
     U = RNG.standard_normal((5, 2))
     A = lo.lower(lo.Diagonal(jnp.asarray(d))) + lo.LowRank(jnp.asarray(U), jnp.array([2.0, 0.5]))
