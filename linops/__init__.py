@@ -21,6 +21,7 @@ from linops import (
     tags,
 )
 from linops._base import LinearOperator
+from linops._circulant import Circulant
 from linops._composite import Scaled, Sum
 from linops._depth import ExpressionTooDeepError, max_nesting, nesting_depth
 from linops._eigen import EigenDecomposed
@@ -51,7 +52,7 @@ from linops._projector import Complement, ProjectorOp
 from linops._rules import RULES, NoReduction, Rule, simplify
 from linops._sharding import sharded_mm
 from linops._solvers import Solution
-from linops._structured import BlockDiagonal, Kronecker, LowRank, Selection
+from linops._structured import AbstractLowRank, BlockDiagonal, Kronecker, LowRank, Selection
 from linops.kernels import KernelGramOp
 from linops.nn import (  # the network operators, re-exported: lo.GGNOp is linops.nn.GGNOp
     KFAC,
@@ -67,7 +68,7 @@ from linops.nn import (  # the network operators, re-exported: lo.GGNOp is linop
 __version__ = "0.1.0"
 
 __all__ = [
-    "AlternatingProjectionOp", "BlockDiagonal", "Cholesky", "closed_forms",
+    "AbstractLowRank", "AlternatingProjectionOp", "BlockDiagonal", "Cholesky", "Circulant", "closed_forms",
     "Complement", "count_matmuls", "Dense", "diag",
     "Diagonal", "eigendecompose", "EigenDecomposed", "eigh", "eigvalsh", "Estimate", "factorize", "LU", "root",
     "Triangular",

@@ -29,9 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from linops._arrays import describe
+from linops._arrays import describe, is_known_nonnegative
 from linops._base import LinearOperator
-from linops._structured import LowRank
+from linops._structured import AbstractLowRank
 from linops._tags import symmetric
 from linops.runtime._progress import check_label, finish_after, tick
 
@@ -299,11 +299,12 @@ def _tridiagonalise_bwd(residuals, cotangents, perturbed, operands, m, restart, 
     return A_bar, (v_bar if v_perturbed else None)
 
 
-class LanczosLowRankOp(LowRank):
+class LanczosLowRankOp(AbstractLowRank):
     r"""The top-``rank`` eigenpairs of a symmetric operator by Lanczos, as $U \Lambda U^\top$.
 
-    A `LowRank` with orthonormal ``U``: it composes like one (a shift solves by Woodbury,
-    `lo.logdet` by the determinant lemma, `lo.pinv` and `lo.sqrt` in closed form).
+    A low-rank operator with orthonormal ``U`` (an `AbstractLowRank`, as `LowRank` is): it composes
+    like one (a shift solves by Woodbury, `lo.logdet` by the determinant lemma, `lo.pinv` and `lo.sqrt`
+    in closed form).
     ``residuals`` holds each Ritz pair's $\|A u_i - \lambda_i u_i\|$ (the convergence
     information: from the recurrence, or measured with ``A`` after a restart; NaN when built from
     an existing restarted `Lanczos` run, which no longer measures them) and ``steps`` the Lanczos
@@ -329,8 +330,13 @@ class LanczosLowRankOp(LowRank):
         2.708
     """
 
+    U: jax.Array
+    d: jax.Array
     residuals: jax.Array
     steps: jax.Array
+    V: None = None
+    orthonormal: bool = eqx.field(static=True, default=True)
+    nonnegative: bool = eqx.field(static=True, default=False)
 
     def __init__(self, A: LinearOperator | Lanczos, rank: int, key: jax.Array | None = None, *,
                  num_steps: int | None = None, progress: str | None = None):
@@ -352,7 +358,8 @@ class LanczosLowRankOp(LowRank):
         U, w, residuals = U[:, :rank], w[:rank], residuals[:rank]
         if operator is not None:  # measured with A on the kept pairs only
             residuals = lax.cond(run.restarts > 0, lambda: _true_residuals(operator, U, w), lambda: residuals)
-        super().__init__(U, w, orthonormal=True)
+        self.U, self.d = U, w
+        self.nonnegative = is_known_nonnegative(w, None)
         self.residuals = residuals
         self.steps = run.steps
 

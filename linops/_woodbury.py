@@ -4,7 +4,7 @@ log-determinant (a Kronecker product, a factorised or eigen-decomposed matrix; a
 is not taken: `linops.factorize` it first).
 
 A sum's terms say what they are through `linops.closed_forms.woodbury_part` (a diagonal, a low-rank
-term, zero; `Identity`, `Diagonal`, `LowRank` and its subclasses, `Zero` implement it); sums and
+term, zero; `Identity`, `Diagonal`, the low-rank operators (`AbstractLowRank`), `Zero` implement it); sums and
 scalings of such terms are recognised, and nothing ``n x n`` is ever formed. The ``k x k``
 capacitance is $K = I + V^\top D^{-1} U C$, which stays well-defined when entries of $C$ are
 zero (no $C^{-1}$ is needed).

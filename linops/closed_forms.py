@@ -195,7 +195,7 @@ hadamard_square = ClosedForm("hadamard_square", "rule(op) -> LinearOperator",
 woodbury_part = ClosedForm(
     "woodbury_part", "rule(op) -> tuple",
     "what the operator is as a term of a diagonal-plus-low-rank sum: ``('diagonal', d)`` (``d`` a vector or "
-    "a scalar), ``('lowrank', leaf)`` (a `linops.LowRank`) or ``('zero',)``.")
+    "a scalar), ``('lowrank', leaf)`` (a `linops.AbstractLowRank`) or ``('zero',)``.")
 
 FUNCTIONS: tuple[ClosedForm, ...] = (diag, solve, inv, pinv, sqrt, logdet, eigh, trace, root, factorize,
                                      eigendecompose, eigvalsh, shift, hadamard_square, woodbury_part)

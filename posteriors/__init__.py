@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from posteriors.compilation import use_compilation_cache
     from posteriors.ensemble import DeepEnsemble, deep_ensemble
     from posteriors.fsp import FSPInfo, FSPLaplacePosterior, GPPrior, fsp_laplace, fsp_objective, rkhs_norm
-    from posteriors.gaussian import GaussianPosterior, LowRankPosterior
+    from posteriors.gaussian import AbstractLowRankPosterior, GaussianPosterior, LowRankPosterior
     from posteriors.io import load, save
     from posteriors.laplace_family import STRUCTURES, LaplacePosterior, laplace
     from posteriors.marglik import marginal_log_likelihood, optimize_prior_precision
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 _SUBMODULES = ("context", "data", "metrics", "predictive", "subnetwork", "weights")
 _HOMES = {
     "posteriors.fsp": ("FSPInfo", "FSPLaplacePosterior", "GPPrior", "fsp_laplace", "fsp_objective", "rkhs_norm"),
-    "posteriors.gaussian": ("GaussianPosterior", "LowRankPosterior"),
+    "posteriors.gaussian": ("AbstractLowRankPosterior", "GaussianPosterior", "LowRankPosterior"),
     "posteriors.io": ("load", "save"),
     "posteriors.laplace_family": ("STRUCTURES", "LaplacePosterior", "laplace"),
     "posteriors.weights": ("last_layer_leaves",),
@@ -77,7 +77,8 @@ __all__ = [
     "context", "data", "metrics", "predictive", "load", "save",
     "STRUCTURES", "LaplacePosterior", "laplace", "last_layer_leaves",
     "marginal_log_likelihood", "optimize_prior_precision", "subnetwork", "Subnetwork", "subnetwork_laplace", "weights",
-    "FSPInfo", "FSPLaplacePosterior", "fsp_laplace", "fsp_objective", "GaussianPosterior", "GPPrior",
+    "AbstractLowRankPosterior", "FSPInfo", "FSPLaplacePosterior", "fsp_laplace", "fsp_objective",
+    "GaussianPosterior", "GPPrior",
     "LowRankPosterior", "loss_projected_posterior", "optimal_prior_precision", "ProjectedPosterior",
     "projected_posterior", "rkhs_norm", "SWAGPosterior", "swag", "DeepEnsemble", "deep_ensemble",
     "use_compilation_cache",

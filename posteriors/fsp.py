@@ -44,7 +44,7 @@ from linops.likelihoods import Likelihood
 from linops.models import ravel
 from linops.runtime import program, tick
 from posteriors._checks import check_data, check_finite, check_likelihood, check_params
-from posteriors.gaussian import LowRankPosterior
+from posteriors.gaussian import AbstractLowRankPosterior
 
 
 class GPPrior(eqx.Module):
@@ -241,19 +241,24 @@ class FSPInfo(eqx.Module):
     max_variance_ratio: jax.Array
 
 
-class FSPLaplacePosterior(LowRankPosterior):
+class FSPLaplacePosterior(AbstractLowRankPosterior):
     r"""The FSP-Laplace posterior $\mathcal N(w^*, U \operatorname{diag}(d) U^\top)$ (orthonormal ``U``).
 
-    A `LowRankPosterior` (``.mean``, ``.covariance``, ``.sample``, exact linearised
+    A low-rank posterior (``.mean``, ``.covariance``, ``.sample``, exact linearised
     ``.predictive``) that also keeps its `GPPrior` (``prior_mean``, ``prior_variance``) and
     what the construction did (``info``, an `FSPInfo`).
     """
 
+    U: jax.Array
+    d: jax.Array
     prior: GPPrior
     info: FSPInfo
+    batch_size: int | None = eqx.field(static=True)
+    orthonormal: bool = eqx.field(static=True, default=True)
 
     def __init__(self, fn, params, U, d, prior, info, *, batch_size=None):
-        super().__init__(fn, params, U, d, orthonormal=True, batch_size=batch_size)
+        self.fn, self.params, self.unravel = fn, params, ravel(params)[1]
+        self.U, self.d, self.batch_size = jnp.asarray(U), jnp.asarray(d), batch_size
         self.prior, self.info = prior, info
 
     def prior_mean(self, inputs) -> jax.Array:

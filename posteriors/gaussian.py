@@ -15,7 +15,6 @@ Examples:
     Array([[4.]], dtype=float32)
 """
 
-from __future__ import annotations
 
 import abc
 from collections.abc import Callable
@@ -23,6 +22,8 @@ from collections.abc import Callable
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
+from equinox import AbstractVar
 
 import linops as lo
 from linops.models import example_spec, ravel
@@ -107,49 +108,35 @@ class GaussianPosterior(eqx.Module):
         return jnp.var(self.predictive_samples(key, inputs, n), axis=0, ddof=1)
 
 
-class LowRankPosterior(GaussianPosterior):
-    r"""A Gaussian with a low-rank covariance $\Sigma = U \operatorname{diag}(d) U^\top$, ``U`` of shape ``(P, r)``.
-
-    Sampling is $\theta^* + U \operatorname{diag}(\sqrt d)\, z$ with $z \sim \mathcal N(0, I_r)$,
-    and the linearised predictive is exact: $\operatorname{Var} f_o(x) = \|(J(x) S)_{o,:}\|^2$
-    with $S = U \operatorname{diag}(\sqrt d)$, from $r$ JVPs per batch of inputs (`predictive`),
-    never a ``P x P`` matrix.
-
-    Args:
-        fn: the per-example model.
-        params: the MAP params pytree.
-        U: ``(P, r)``.
-        d: ``(r,)``, non-negative.
-        orthonormal: promise that the columns of ``U`` are orthonormal (closed-form `lo.sqrt`
-            and `lo.pinv` of the covariance).
-        batch_size: inputs per batch in `predictive` (default all).
+class AbstractLowRankPosterior(GaussianPosterior):
+    r"""$\mathcal N(\theta^*, U \operatorname{diag}(d) U^\top)$: what `LowRankPosterior` and the FSP-Laplace
+    posterior share (the factor, samples, the exact linearised predictive). Abstract: a subclass declares the
+    fields ``U``, ``d``, ``orthonormal`` and ``batch_size``; their shapes are checked here, once built.
 
     Examples:
-        >>> import jax, jax.numpy as jnp
-        >>> from posteriors.gaussian import LowRankPosterior
-        >>> post = LowRankPosterior(lambda w, x: (x @ w)[None], jnp.ones(2), jnp.array([[0.0], [1.0]]),
-        ...                         jnp.array([9.0]))
-        >>> post.covariance.as_matrix()
-        Array([[0., 0.],
-               [0., 9.]], dtype=float32)
+        >>> import jax.numpy as jnp
+        >>> import posteriors as pst
+        >>> post = pst.LowRankPosterior(lambda w, x: (x @ w)[None], jnp.ones(2), jnp.array([[0.0], [1.0]]))
+        >>> isinstance(post, pst.AbstractLowRankPosterior)
+        True
+        >>> pst.LowRankPosterior(lambda w, x: (x @ w)[None], jnp.ones(3), jnp.array([[0.0], [1.0]]))
+        Traceback (most recent call last):
+        ...
+        ValueError: LowRankPosterior: U must have shape (3, r) for 3 parameters, got (2, 1)
     """
 
-    U: jax.Array
-    d: jax.Array
-    orthonormal: bool = eqx.field(static=True)
-    batch_size: int | None = eqx.field(static=True)
+    U: AbstractVar[jax.Array]
+    d: AbstractVar[jax.Array]
+    orthonormal: AbstractVar[bool]
+    batch_size: AbstractVar[int | None]
 
-    def __init__(self, fn, params, U, d=None, *, orthonormal: bool = False, batch_size: int | None = None):
-        flat, unravel = ravel(params)
-        U = jnp.asarray(U)
-        if U.ndim != 2 or U.shape[0] != flat.shape[0]:
-            raise ValueError(f"LowRankPosterior: U must have shape ({flat.shape[0]}, r) for {flat.shape[0]} "
-                             f"parameters, got {U.shape}")
-        d = jnp.ones(U.shape[1], U.dtype) if d is None else jnp.asarray(d)
-        if d.shape != (U.shape[1],):
-            raise ValueError(f"LowRankPosterior: d must have shape ({U.shape[1]},), got {d.shape}")
-        self.fn, self.params, self.unravel = fn, params, unravel
-        self.U, self.d, self.orthonormal, self.batch_size = U, d, bool(orthonormal), batch_size
+    def __check_init__(self):
+        P = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(self.params))
+        if self.U.ndim != 2 or self.U.shape[0] != P:
+            raise ValueError(f"{type(self).__name__}: U must have shape ({P}, r) for {P} parameters, got "
+                             f"{self.U.shape}")
+        if self.d.shape != (self.U.shape[1],):
+            raise ValueError(f"{type(self).__name__}: d must have shape ({self.U.shape[1]},), got {self.d.shape}")
 
     @property
     def factor(self) -> jax.Array:
@@ -192,4 +179,43 @@ class LowRankPosterior(GaussianPosterior):
         return mean[None] + (self.output_factor(inputs) @ z).T.reshape((n,) + mean.shape)
 
 
-__all__ = ["GaussianPosterior", "LowRankPosterior"]
+class LowRankPosterior(AbstractLowRankPosterior):
+    r"""A Gaussian with a low-rank covariance $\Sigma = U \operatorname{diag}(d) U^\top$, ``U`` of shape ``(P, r)``.
+
+    Sampling is $\theta^* + U \operatorname{diag}(\sqrt d)\, z$ with $z \sim \mathcal N(0, I_r)$,
+    and the linearised predictive is exact: $\operatorname{Var} f_o(x) = \|(J(x) S)_{o,:}\|^2$
+    with $S = U \operatorname{diag}(\sqrt d)$, from $r$ JVPs per batch of inputs (`predictive`),
+    never a ``P x P`` matrix.
+
+    Args:
+        fn: the per-example model.
+        params: the MAP params pytree.
+        U: ``(P, r)``.
+        d: ``(r,)``, non-negative.
+        orthonormal: promise that the columns of ``U`` are orthonormal (closed-form `lo.sqrt`
+            and `lo.pinv` of the covariance).
+        batch_size: inputs per batch in `predictive` (default all).
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from posteriors.gaussian import LowRankPosterior
+        >>> post = LowRankPosterior(lambda w, x: (x @ w)[None], jnp.ones(2), jnp.array([[0.0], [1.0]]),
+        ...                         jnp.array([9.0]))
+        >>> post.covariance.as_matrix()
+        Array([[0., 0.],
+               [0., 9.]], dtype=float32)
+    """
+
+    U: jax.Array
+    d: jax.Array
+    orthonormal: bool = eqx.field(static=True)
+    batch_size: int | None = eqx.field(static=True)
+
+    def __init__(self, fn, params, U, d=None, *, orthonormal: bool = False, batch_size: int | None = None):
+        U = jnp.asarray(U)
+        d = jnp.ones(U.shape[1:2], U.dtype) if d is None else jnp.asarray(d)
+        self.fn, self.params, self.unravel = fn, params, ravel(params)[1]
+        self.U, self.d, self.orthonormal, self.batch_size = U, d, bool(orthonormal), batch_size
+
+
+__all__ = ["AbstractLowRankPosterior", "GaussianPosterior", "LowRankPosterior"]

@@ -30,7 +30,7 @@ from linops.memory import check_fits
 from linops.models import ravel, unravel_of
 from linops.runtime import batched_map, program
 from posteriors.ensemble import DeepEnsemble
-from posteriors.gaussian import GaussianPosterior, LowRankPosterior
+from posteriors.gaussian import AbstractLowRankPosterior, GaussianPosterior
 from posteriors.laplace_family import LaplacePosterior
 from posteriors.projected import ProjectedPosterior
 
@@ -208,7 +208,7 @@ def _program(post, body):
 
 def _linearized(post, inputs, full_covariance, output_covariance, batch_size, key, num_samples, exact, progress):
     mean = post.map_outputs(inputs)
-    if isinstance(post, LowRankPosterior):
+    if isinstance(post, AbstractLowRankPosterior):
         if full_covariance:
             return mean, post.predictive_covariance(inputs).as_matrix()
         if output_covariance:

@@ -245,3 +245,34 @@ def test_closed_forms_are_registered_never_methods():
     assert {f"_{f.name}" for f in lo.closed_forms.FUNCTIONS} == _OLD_HOOKS
     where = {c.__name__ for c, _ in lo.closed_forms.solve.rules()}
     assert {"LinearOperator", "Dense", "Kronecker", "Sum", "Lowered"} <= where
+
+
+def _is_abstract(cls) -> bool:
+    import inspect
+
+    return inspect.isabstract(cls) or bool(getattr(cls, "__abstractvars__", None)) or cls.__name__.startswith("_")
+
+
+def test_concrete_classes_are_final():
+    """Equinox's abstract/final discipline: a class the library builds is never the base of another one (what two
+    classes share lives in an abstract base: `AbstractLowRank` for `LowRank` and `LanczosLowRankOp`,
+    `AbstractLowRankPosterior` for `LowRankPosterior` and `FSPLaplacePosterior`). Private bases (``_Pair``) count
+    as abstract: users never build them."""
+    import linops as lo
+    import posteriors as pst
+    from posteriors import _structures, fsp, projected, swag_posterior  # noqa: F401  (their classes register)
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    roots = (lo.LinearOperator, pst.GaussianPosterior, _structures.StructuredGGN, pst.weights.Weights,
+             lo.kernels.Kernel)
+    inherited = sorted(f"{c.__name__}({b.__name__})" for root in roots for c in subclasses(root)
+                       if c.__module__.startswith(("linops", "posteriors"))
+                       for b in c.__bases__ if b not in roots and issubclass(b, root) and not _is_abstract(b))
+    assert inherited == []
+    # the check can fail: the predicate tells the abstract bases from the concrete classes
+    assert [_is_abstract(c) for c in (lo.AbstractLowRank, lo.LowRank, pst.AbstractLowRankPosterior,
+                                      pst.LowRankPosterior, lo.kernels.RBF)] == [True, False, True, False, False]

@@ -2,6 +2,8 @@ r"""The `Kernel` base class and the input and hyperparameter checks every kernel
 
 from __future__ import annotations
 
+import abc
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -86,9 +88,9 @@ class Kernel(eqx.Module):
         """The dense row block ``(b, O, m, O)``: entry ``[i, o, j, p]`` is $\\mathrm{cov}(f_o(x_i), f_p(y_j))$."""
         return self._tile(X, Y, offset)[:, None, :, None]
 
+    @abc.abstractmethod
     def diag(self, X):
         """The Gram's diagonal $k(x_i, x_i)_{oo}$, ``(n·O,)`` in example-major order, without the Gram."""
-        raise NotImplementedError(f"{type(self).__name__} must define `diag`")
 
     def check_inputs(self, X, Y=None):
         """Raise a clear error when the inputs do not fit the kernel (e.g. an ARD lengthscale)."""

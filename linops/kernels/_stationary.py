@@ -2,6 +2,7 @@ r"""Stationary kernels: functions of the scaled distance $r = \|(x - y) / \ell\|
 
 from __future__ import annotations
 
+import abc
 import math
 
 import jax
@@ -33,9 +34,9 @@ class Stationary(Kernel):
             raise ValueError(f"{type(self).__name__}: {self.lengthscale.shape[0]} lengthscales for inputs of "
                              f"dimension {X.shape[1]}")
 
+    @abc.abstractmethod
     def _profile(self, r2):
         """$k / \\sigma^2$ as a function of the squared scaled distance."""
-        raise NotImplementedError
 
     def _tile(self, X, Y, offset):
         return self.variance * self._profile(_scaled_sq_dist(X, Y, self.lengthscale, offset))

@@ -189,6 +189,17 @@ def _diagonal(draw, rng, n, dtype, kind):
     return Case(lo.Diagonal(a(d)), np.diag(d))
 
 
+@_kind("circulant", "circulant_psd")
+def _circulant(draw, rng, n, dtype, kind):
+    if kind == "circulant_psd":  # a symmetric, positive spectrum (lambda_k = lambda_{n-k}) gives a real SPD c
+        w = rng.uniform(0.2, 2.0, n)
+        c = np.fft.ifft((w + w[(-np.arange(n)) % n]) / 2).real
+    else:
+        c = rng.standard_normal(n)
+    M = c[(np.arange(n)[:, None] - np.arange(n)[None, :]) % n]
+    return Case(lo.Circulant(_arr(c, dtype), tags={"psd"} if kind == "circulant_psd" else ()), M)
+
+
 @_kind("identity")
 def _identity(draw, rng, n, dtype, kind):
     return Case(lo.Identity(n, dtype), np.eye(n))
