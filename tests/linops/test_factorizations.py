@@ -280,7 +280,8 @@ def test_factorised_leaves_match_their_dense_reference(case):
 
 
 def test_a_sum_takes_woodbury_from_what_its_terms_declare():
-    """Terms declare their Woodbury part (`linops.lo.closed_forms.woodbury_part`): a lowered diagonal or a Lanczos factor counts."""
+    """Terms declare their Woodbury part (`lo.closed_forms.woodbury_part`): a lowered diagonal or a Lanczos factor
+    counts."""
     d = RNG.uniform(1.0, 2.0, 5)
     U = RNG.standard_normal((5, 2))
     A = lo.lower(lo.Diagonal(jnp.asarray(d))) + lo.LowRank(jnp.asarray(U), jnp.array([2.0, 0.5]))
