@@ -11,7 +11,6 @@ Examples:
 """
 
 from linops import (
-    _woodbury,  # noqa: F401  (registers the Woodbury closed forms of sums)
     closed_forms,
     kernels,
     likelihoods,
@@ -20,13 +19,14 @@ from linops import (
     nn,
     tags,
 )
-from linops._base import LinearOperator
-from linops._circulant import Circulant
-from linops._composite import Scaled, Sum
-from linops._depth import ExpressionTooDeepError, max_nesting, nesting_depth
-from linops._eigen import EigenDecomposed
-from linops._factorizations import LU, Cholesky, Triangular
-from linops._functions import (
+from linops.algebra import _woodbury  # noqa: F401  (registers the Woodbury closed forms of sums)
+from linops.algebra._base import LinearOperator
+from linops.algebra._circulant import Circulant
+from linops.algebra._composite import Scaled, Sum
+from linops.algebra._depth import ExpressionTooDeepError, max_nesting, nesting_depth
+from linops.algebra._eigen import EigenDecomposed
+from linops.algebra._factorizations import LU, Cholesky, Triangular
+from linops.algebra._functions import (
     Estimate,
     diag,
     eigendecompose,
@@ -43,16 +43,16 @@ from linops._functions import (
     sqrt,
     trace,
 )
-from linops._lanczos import Lanczos, LanczosLowRankOp, lanczos
-from linops._leaves import Dense, Diagonal, FunctionOp, Identity, Zero
-from linops._lineax import LineaxOp, from_lineax, to_lineax
-from linops._lower import Lowered, count_matmuls, explain, lower
-from linops._products import Inverse, Product, Transpose
-from linops._projector import Complement, ProjectorOp
-from linops._rules import RULES, NoReduction, Rule, simplify
-from linops._sharding import sharded_mm
-from linops._solvers import Solution
-from linops._structured import AbstractLowRank, BlockDiagonal, Kronecker, LowRank, Selection
+from linops.algebra._leaves import Dense, Diagonal, FunctionOp, Identity, Zero
+from linops.algebra._lower import Lowered, count_matmuls, explain, lower
+from linops.algebra._lowrank import AbstractLowRank, LowRank
+from linops.algebra._products import Inverse, Product, Transpose
+from linops.algebra._projector import Complement, ProjectorOp
+from linops.algebra._rules import RULES, NoReduction, Rule, simplify
+from linops.algebra._sharding import sharded_mm
+from linops.algebra._solvers import Solution
+from linops.algebra._structured import BlockDiagonal, Kronecker, Selection
+from linops.interop._lineax import LineaxOp, from_lineax, to_lineax
 from linops.kernels import KernelGramOp
 from linops.nn import (  # the network operators, re-exported: lo.GGNOp is linops.nn.GGNOp
     KFAC,
@@ -64,6 +64,7 @@ from linops.nn import (  # the network operators, re-exported: lo.GGNOp is linop
     StreamingGGNOp,
     kfac,
 )
+from linops.numerics._lanczos import Lanczos, LanczosLowRankOp, lanczos
 
 __version__ = "0.1.0"
 

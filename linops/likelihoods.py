@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linops._leaves import Dense, Diagonal
+from linops.algebra._leaves import Dense, Diagonal
 
 
 class Likelihood(eqx.Module):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from linops._arrays import describe
+from linops.algebra._arrays import describe
 
 
 class MemoryBudgetError(MemoryError):

@@ -9,6 +9,6 @@ Examples:
     True
 """
 
-from linops._tags import ALL, Tag, diagonal, identity, orthogonal, projector, psd, symmetric, zero
+from linops.algebra._tags import ALL, Tag, diagonal, identity, orthogonal, projector, psd, symmetric, zero
 
 __all__ = ["ALL", "Tag", "diagonal", "identity", "orthogonal", "projector", "psd", "symmetric", "zero"]

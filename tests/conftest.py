@@ -11,7 +11,7 @@ from tests._env import session_flags
 # Check the jaxtyping shapes on public signatures at run time, in the test session only.
 # Only the public functions (solve, diag, ...): checking every operator's construction and
 # product doubles the suite's time for little extra safety.
-_CHECKED = ["linops._functions"]
+_CHECKED = ["linops.algebra._functions"]
 with install_import_hook(_CHECKED, "beartype.beartype"):
     import linops  # noqa: F401
 

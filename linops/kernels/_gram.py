@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from linops import _tags, closed_forms
-from linops._base import LinearOperator
+from linops import closed_forms
+from linops.algebra import _tags
+from linops.algebra._base import LinearOperator
 from linops.kernels._base import Kernel, _check_inputs
 from linops.memory import check_fits
 from linops.runtime._batching import check_mesh, leaf_specs

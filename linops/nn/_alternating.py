@@ -25,10 +25,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from linops import _tags
-from linops._arrays import describe
-from linops._base import LinearOperator
-from linops._cg import cg
+from linops.algebra import _tags
+from linops.algebra._arrays import describe
+from linops.algebra._base import LinearOperator
+from linops.algebra._cg import cg
 from linops.nn import _sweeps
 from linops.nn._rowblocks import RowBlocks
 from linops.nn._rowsources import jacobian_rows, loss_jacobian_rows, matrix_rows
@@ -82,7 +82,7 @@ class AlternatingProjectionOp(LinearOperator):
             tolerance below the attainable accuracy costs sweeps, never accuracy); for ``"plain"``,
             stop when a sweep changes the vector by less than ``rtol`` relatively (0: never).
         cutoff: relative eigenvalue cut-off of each Gram $M_b M_b^\top$, a number in [0, 1) (default
-            ``max(R, sqrt(P)) eps``, the accuracy of its eigenvalues; `linops._projector.gram_rtol`).
+            ``max(R, sqrt(P)) eps``, the accuracy of its eigenvalues; `linops.algebra._projector.gram_rtol`).
         store_linearization: keep each batch's linearisation (True), its ``R x P`` rows (``"rows"``: two
             matrix products per batch, 4x faster than LeNet-5's tangent and transposed passes on CPU),
             nothing (False: recompute the forward pass), or (None) the rows when XLA counts more flops for a

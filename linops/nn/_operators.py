@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from linops import _tags, closed_forms
-from linops._base import LinearOperator
+from linops import closed_forms
+from linops.algebra import _tags
+from linops.algebra._base import LinearOperator
 from linops.likelihoods import Likelihood
 from linops.models import example_spec, ravel, unravel_of
 from linops.nn._layer_dense import dense_chunk, dense_only, layer_dense_ggn

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from linops._projector import gram_factor
+from linops.algebra._projector import gram_factor
 from linops.memory import MemoryBudgetError, available_bytes, check_fits
 from linops.nn._rowsources import RowSource
 from linops.runtime._batching import check_mesh, leaf_specs

@@ -8,8 +8,8 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from linops import _tags
-from linops._base import LinearOperator
+from linops.algebra import _tags
+from linops.algebra._base import LinearOperator
 from linops.likelihoods import Likelihood
 from linops.models import ravel
 from linops.nn._operators import _check_likelihood, _check_model, ggn_batch_product

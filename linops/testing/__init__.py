@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linops import _tags
-from linops._arrays import describe
-from linops._base import LinearOperator
+from linops.algebra import _tags
+from linops.algebra._arrays import describe
+from linops.algebra._base import LinearOperator
 
 DENSE_MAX = 64
 """Largest side compared densely; above it checks use `num_probes` random vectors."""
@@ -90,7 +90,7 @@ def assert_operators_close(A, B, *, seed: int = 0, num_probes: int = 8, rtol=Non
 
 
 def _as_op(M):
-    from linops._leaves import Dense
+    from linops.algebra._leaves import Dense
 
     return Dense(jnp.asarray(M))
 

@@ -12,8 +12,8 @@ import numpy as np
 from jax.extend import core as jex_core
 
 from linops import closed_forms
-from linops._base import LinearOperator
-from linops._rules import simplify
+from linops.algebra._base import LinearOperator
+from linops.algebra._rules import simplify
 
 
 class Lowered(LinearOperator):

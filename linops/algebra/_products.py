@@ -9,8 +9,9 @@ from collections.abc import Sequence
 
 import equinox as eqx
 
-from linops import _tags, closed_forms
-from linops._base import (
+from linops import closed_forms
+from linops.algebra import _tags
+from linops.algebra._base import (
     LinearOperator,
     SharedArrays,
     describe,
@@ -19,9 +20,9 @@ from linops._base import (
     shares_arrays,
     splice,
 )
-from linops._depth import composite_levels, nesting_depth
-from linops._eigen import EigenDecomposed
-from linops._solvers import solve_checked
+from linops.algebra._depth import composite_levels, nesting_depth
+from linops.algebra._eigen import EigenDecomposed
+from linops.algebra._solvers import solve_checked
 
 
 def transpose_signature(op: LinearOperator, tags: frozenset | None = None):

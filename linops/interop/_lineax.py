@@ -6,9 +6,9 @@ import equinox as eqx
 import jax
 import lineax as lx
 
-from linops import _tags
-from linops._base import LinearOperator, user_tags
-from linops._leaves import Dense, Diagonal, Identity
+from linops.algebra import _tags
+from linops.algebra._base import LinearOperator, user_tags
+from linops.algebra._leaves import Dense, Diagonal, Identity
 
 _TO_LINEAX = {
     _tags.symmetric: lx.symmetric_tag,

@@ -6,10 +6,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from linops import _tags, closed_forms
-from linops._arrays import describe
-from linops._base import LinearOperator
-from linops._leaves import Dense
+from linops import closed_forms
+from linops.algebra import _tags
+from linops.algebra._arrays import describe
+from linops.algebra._base import LinearOperator
+from linops.algebra._leaves import Dense
 
 
 def gram_rtol(shape, dtype) -> float:
@@ -25,7 +26,7 @@ def gram_rtol(shape, dtype) -> float:
 
     Examples:
         >>> import jax.numpy as jnp
-        >>> from linops._projector import gram_rtol
+        >>> from linops.algebra._projector import gram_rtol
         >>> round(gram_rtol((160, 61706), jnp.float32) / float(jnp.finfo(jnp.float32).eps))   # sqrt(61706)
         248
     """

@@ -13,9 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Inexact, Int
 
-from linops import _tags, closed_forms
-from linops._arrays import describe
-from linops._cg import cg, cg_many
+from linops import closed_forms
+from linops.algebra import _tags
+from linops.algebra._arrays import describe
+from linops.algebra._cg import cg, cg_many
 from linops.memory import check_fits
 
 

@@ -15,9 +15,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from linops import _tags, closed_forms
-from linops._arrays import as_matrix_array
-from linops._base import LinearOperator, user_tags
+from linops import closed_forms
+from linops.algebra import _tags
+from linops.algebra._arrays import as_matrix_array
+from linops.algebra._base import LinearOperator, user_tags
 
 _KEEPS = frozenset({_tags.symmetric, _tags.psd})  # what the inverse, the square root and a nonnegative shift keep
 

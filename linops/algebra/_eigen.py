@@ -11,9 +11,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from linops import _tags, closed_forms
-from linops._arrays import as_matrix_array, cutoff_inverse, describe, is_known_nonnegative
-from linops._base import LinearOperator
+from linops import closed_forms
+from linops.algebra import _tags
+from linops.algebra._arrays import as_matrix_array, cutoff_inverse, describe, is_known_nonnegative
+from linops.algebra._base import LinearOperator
 
 
 class EigenDecomposed(LinearOperator):

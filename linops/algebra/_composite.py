@@ -2,9 +2,9 @@
 
 Construction checks shapes and computes tags; it never simplifies (`linops.simplify` does), except that
 a chain of one composite stays one node: a `Sum` of sums is one n-ary sum and a scaling of a scaling one
-scaling (``c (d A) = (cd) A``), so that 10,000 terms nest no deeper than two (`linops._depth`). A sum's
+scaling (``c (d A) = (cd) A``), so that 10,000 terms nest no deeper than two (`linops.algebra._depth`). A sum's
 solve, log-determinant, inverse and roots are the Woodbury identities, registered for `Sum` by
-`linops._woodbury`. `Product`, `Transpose` and `Inverse` live in `linops._products`
+`linops.algebra._woodbury`. `Product`, `Transpose` and `Inverse` live in `linops.algebra._products`
 and are re-exported here.
 """
 
@@ -19,9 +19,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linops import _tags, closed_forms
-from linops._arrays import is_known_nonnegative
-from linops._base import (
+from linops import closed_forms
+from linops.algebra import _tags
+from linops.algebra._arrays import is_known_nonnegative
+from linops.algebra._base import (
     LinearOperator,
     SharedArrays,
     describe,
@@ -32,9 +33,9 @@ from linops._base import (
     shares_arrays,
     splice,
 )
-from linops._depth import composite_levels, nesting_depth
-from linops._eigen import EigenDecomposed
-from linops._products import Product, Transpose, inverse_of
+from linops.algebra._depth import composite_levels, nesting_depth
+from linops.algebra._eigen import EigenDecomposed
+from linops.algebra._products import Product, Transpose, inverse_of
 
 
 @shares_arrays("terms")

@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Inexact
 
-from linops import _tags, closed_forms
-from linops._arrays import describe, is_scalar_like
+from linops import closed_forms
+from linops.algebra import _tags
+from linops.algebra._arrays import describe, is_scalar_like
 from linops.memory import check_dense
 
 _COMPOSITES: dict[str, Any] = {}
@@ -116,7 +117,7 @@ def shares_arrays(*fields: str):
 
 
 def register_composites(**constructors) -> None:
-    """Called once by `linops._composite`: the classes the operator syntax builds (``A @ B``, ``A + B``,
+    """Called once by `linops.algebra._composite`: the classes the operator syntax builds (``A @ B``, ``A + B``,
     ``c * A``, ``A.T``). The base imports no composite, so the algebra has no import cycle."""
     _COMPOSITES.update(constructors)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from linops._arrays import describe
-from linops._base import LinearOperator
+from linops.algebra._arrays import describe
+from linops.algebra._base import LinearOperator
 
 
 def sharded_mm(A: LinearOperator, V, mesh, axis: str = "data"):

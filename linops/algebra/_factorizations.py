@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax
 
-from linops import _tags, closed_forms
-from linops._arrays import as_matrix_array, describe
-from linops._base import LinearOperator
+from linops import closed_forms
+from linops.algebra import _tags
+from linops.algebra._arrays import as_matrix_array, describe
+from linops.algebra._base import LinearOperator
 
 
 def _columns(b):

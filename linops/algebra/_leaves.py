@@ -11,17 +11,18 @@ import jax.scipy.linalg as jsl
 import numpy as np
 from jax import lax
 
-from linops import _tags, closed_forms
-from linops._arrays import (
+from linops import closed_forms
+from linops.algebra import _tags
+from linops.algebra._arrays import (
     as_matrix_array,
     cutoff_inverse,
     default_float,
     describe,
     is_known_nonnegative,
 )
-from linops._base import LinearOperator, user_tags
-from linops._eigen import EigenDecomposed
-from linops._factorizations import LU, Cholesky, Triangular
+from linops.algebra._base import LinearOperator, user_tags
+from linops.algebra._eigen import EigenDecomposed
+from linops.algebra._factorizations import LU, Cholesky, Triangular
 from linops.memory import check_dense
 
 

@@ -29,10 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from linops._arrays import describe, is_known_nonnegative
-from linops._base import LinearOperator
-from linops._structured import AbstractLowRank
-from linops._tags import symmetric
+from linops.algebra._arrays import describe, is_known_nonnegative
+from linops.algebra._base import LinearOperator
+from linops.algebra._lowrank import AbstractLowRank
+from linops.algebra._tags import symmetric
 from linops.runtime._progress import check_label, finish_after, tick
 
 

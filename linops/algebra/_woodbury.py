@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from linops import _tags, closed_forms
-from linops._composite import Scaled, Sum
-from linops._leaves import Dense, Diagonal, Identity
-from linops._products import Product
-from linops._structured import LowRank, Selection
+from linops import closed_forms
+from linops.algebra import _tags
+from linops.algebra._composite import Scaled, Sum
+from linops.algebra._leaves import Dense, Diagonal, Identity
+from linops.algebra._lowrank import LowRank
+from linops.algebra._products import Product
+from linops.algebra._structured import Selection
 
 
 def _terms(op, scale=1.0):

@@ -13,15 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Inexact, PRNGKeyArray
 
-from linops import _tags, closed_forms
-from linops._arrays import describe, is_known_nonnegative
-from linops._base import LinearOperator, check_square
-from linops._composite import Scaled, Sum
-from linops._eigen import EigenDecomposed
-from linops._leaves import Dense, Identity, check_vector
-from linops._products import inverse_of
-from linops._solvers import Solution, closed_form, solve_checked
-from linops._structured import Selection
+from linops import closed_forms
+from linops.algebra import _tags
+from linops.algebra._arrays import describe, is_known_nonnegative
+from linops.algebra._base import LinearOperator, check_square
+from linops.algebra._composite import Scaled, Sum
+from linops.algebra._eigen import EigenDecomposed
+from linops.algebra._leaves import Dense, Identity, check_vector
+from linops.algebra._products import inverse_of
+from linops.algebra._solvers import Solution, closed_form, solve_checked
+from linops.algebra._structured import Selection
 
 
 def _check_op(A, what):
@@ -441,7 +442,7 @@ def hutchinson(A: LinearOperator, key: PRNGKeyArray | None, num_samples: int = 6
     if mesh is None:
         AZ = A.mm(Z)
     else:
-        from linops._sharding import sharded_mm
+        from linops.algebra._sharding import sharded_mm
 
         AZ = sharded_mm(A, Z, mesh, axis)
     samples = jnp.sum(Z * AZ, axis=0)

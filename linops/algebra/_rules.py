@@ -8,13 +8,13 @@ the pass terminate; rules never densify.
 
 from __future__ import annotations
 
-from linops import _tags
-from linops._base import LinearOperator
-from linops._composite import Scaled, Sum, constant_product
-from linops._leaves import Diagonal, Identity, Zero
-from linops._products import Inverse, Product, Transpose
-from linops._projector import Complement, ProjectorOp
-from linops._structured import Selection
+from linops.algebra import _tags
+from linops.algebra._base import LinearOperator
+from linops.algebra._composite import Scaled, Sum, constant_product
+from linops.algebra._leaves import Diagonal, Identity, Zero
+from linops.algebra._products import Inverse, Product, Transpose
+from linops.algebra._projector import Complement, ProjectorOp
+from linops.algebra._structured import Selection
 
 
 class NoReduction(Exception):

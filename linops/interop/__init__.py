@@ -1,0 +1,1 @@
+"""Interoperability with other libraries: lineax; the public names are `linops`'s."""
