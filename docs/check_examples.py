@@ -90,7 +90,7 @@ PUBLIC_MODULES = ("linops", "linops.testing", "linops.testing.strategies", "lino
                   "linops.models", "linops.memory", "linops.tags", "posteriors", "posteriors.data",
                   "posteriors.metrics", "posteriors.predictive", "posteriors.subnetwork", "posteriors.context",
                   "posteriors.swag_posterior", "posteriors.ensemble",
-                  "posteriors.cli")
+                  "posteriors.experiments.cli")
 
 
 def api_entries() -> dict[str, set[str] | None]:

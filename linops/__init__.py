@@ -51,6 +51,7 @@ from linops.algebra._projector import Complement, ProjectorOp
 from linops.algebra._rules import RULES, NoReduction, Rule, simplify
 from linops.algebra._sharding import sharded_mm
 from linops.algebra._solvers import Solution
+from linops.algebra._spectral import svd
 from linops.algebra._structured import BlockDiagonal, Kronecker, Selection
 from linops.interop._lineax import LineaxOp, from_lineax, to_lineax
 from linops.kernels import KernelGramOp
@@ -80,7 +81,7 @@ __all__ = [
     "LossJacobianOp", "lower", "Lowered", "LowRank", "max_nesting", "memory", "models", "nesting_depth", "nn",
     "NoReduction", "pinv",
     "Product", "Projection", "ProjectorOp", "Rule", "RULES", "Scaled", "Selection", "sharded_mm", "shift", "simplify",
-    "Solution", "solve", "sqrt", "StreamingGGNOp", "Sum", "tags", "to_lineax", "trace", "Transpose", "Zero",
+    "Solution", "solve", "sqrt", "svd", "StreamingGGNOp", "Sum", "tags", "to_lineax", "trace", "Transpose", "Zero",
 ]
 
 

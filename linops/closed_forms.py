@@ -36,6 +36,7 @@ The tables (`FUNCTIONS`), with how a rule is called and what it returns:
 | ``factorize`` | ``rule(op)`` | an operator equal to ``A`` whose solves reuse a factorisation computed once |
 | ``eigendecompose`` | ``rule(op)`` | ``A`` as a `linops.EigenDecomposed` (eigenvalues in any order) |
 | ``eigvalsh`` | ``rule(op)`` | the eigenvalues, ascending |
+| ``svd`` | ``rule(op)`` | ``(U, s, V)``: ``A = U diag(s) V^T``, thin, ``s`` descending |
 | ``shift`` | ``rule(op, lam, nonnegative)`` | a structured operator equal to ``A + lam I`` |
 | ``hadamard_square`` | ``rule(op)`` | ``A o A`` (every entry squared), where the structure keeps it |
 | ``woodbury_part`` | ``rule(op)`` | as a Woodbury term: ``("diagonal", d)``, ``("lowrank", R)``, ``("zero",)`` |
@@ -70,6 +71,7 @@ __all__ = [
     "shift",
     "solve",
     "sqrt",
+    "svd",
     "trace",
     "woodbury_part",
 ]
@@ -190,6 +192,9 @@ eigendecompose = ClosedForm("eigendecompose", "rule(op) -> linops.EigenDecompose
 eigvalsh = ClosedForm("eigvalsh", "rule(op) -> (n,) array", "the eigenvalues in ascending order.")
 shift = ClosedForm("shift", "rule(op, lam, nonnegative) -> LinearOperator",
                    "a structured operator equal to ``A + lam I`` (``nonnegative``: the sign of ``lam`` is known).")
+svd = ClosedForm("svd", "rule(op) -> (U, s, V)",
+                  "the thin singular value decomposition ``A = U diag(s) V^T``: ``U``, ``V`` operators with "
+                  "orthonormal columns, ``s`` descending.")
 hadamard_square = ClosedForm("hadamard_square", "rule(op) -> LinearOperator",
                              "the operator with every entry squared, ``A o A``, where the structure keeps it.")
 woodbury_part = ClosedForm(
@@ -198,5 +203,5 @@ woodbury_part = ClosedForm(
     "a scalar), ``('lowrank', leaf)`` (a `linops.AbstractLowRank`) or ``('zero',)``.")
 
 FUNCTIONS: tuple[ClosedForm, ...] = (diag, solve, inv, pinv, sqrt, logdet, eigh, trace, root, factorize,
-                                     eigendecompose, eigvalsh, shift, hadamard_square, woodbury_part)
+                                     eigendecompose, eigvalsh, svd, shift, hadamard_square, woodbury_part)
 """Every function's table (a wrapper such as `linops.lower`'s result forwards all of them)."""

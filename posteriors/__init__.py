@@ -12,6 +12,7 @@ Examples:
     (2, 2)
 """
 
+# ruff: noqa: F401  (the imports under TYPE_CHECKING are read by type checkers and the API pages, never run)
 from typing import TYPE_CHECKING
 
 # Names are imported when first used (PEP 562), so that ``python -m posteriors --help`` and the modules a
@@ -73,13 +74,5 @@ def __dir__():
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "context", "data", "metrics", "predictive", "load", "save",
-    "STRUCTURES", "LaplacePosterior", "laplace", "last_layer_leaves",
-    "marginal_log_likelihood", "optimize_prior_precision", "subnetwork", "Subnetwork", "subnetwork_laplace", "weights",
-    "AbstractLowRankPosterior", "FSPInfo", "FSPLaplacePosterior", "fsp_laplace", "fsp_objective",
-    "GaussianPosterior", "GPPrior",
-    "LowRankPosterior", "loss_projected_posterior", "optimal_prior_precision", "ProjectedPosterior",
-    "projected_posterior", "rkhs_norm", "SWAGPosterior", "swag", "DeepEnsemble", "deep_ensemble",
-    "use_compilation_cache",
-]
+# The public names: the submodules and every name of _HOMES (listed once, there).
+__all__ = [*_SUBMODULES, *_HOME]

@@ -1,6 +1,6 @@
-"""``python -m posteriors``: see `posteriors.cli`."""
+"""``python -m posteriors``: the command line, an application of the library (`posteriors.experiments.cli`)."""
 
-from posteriors.cli import main
+from posteriors.experiments.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

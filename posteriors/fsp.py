@@ -149,9 +149,8 @@ def rkhs_norm(fn, params, prior, context_points, *, jitter: float = 1e-4) -> jax
     resid = (jax.vmap(fn, in_axes=(None, 0))(params, C) - prior.mean_at(C, num_outputs)).reshape(-1)
     K = kernel(C).astype(resid.dtype)
     eps = jitter * jnp.mean(jnp.diag(K))
-    chol = jnp.linalg.cholesky(K + eps * jnp.eye(K.shape[0], dtype=K.dtype))
-    z = jax.scipy.linalg.solve_triangular(chol, resid, lower=True)
-    return 0.5 * jnp.sum(z**2)
+    K = lo.Dense(K + eps * jnp.eye(K.shape[0], dtype=K.dtype), tags={"psd"})
+    return 0.5 * resid @ lo.solve(K, resid).value  # by Cholesky
 
 
 def fsp_objective(fn, prior, likelihood: Likelihood, *, num_data: int, context, jitter: float = 1e-4):
@@ -290,7 +289,8 @@ def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, 
     tick(progress, 1, 4, unit="stage", after=L)  # the stages: Lanczos, J^T L, the GGN products, the rest
     # 2.-3. M = J(C)^T L by VJPs, and its thin SVD; directions below the cut-off are dropped.
     M = J.T @ L
-    U_M, D_M, _ = jnp.linalg.svd(M, full_matrices=False)
+    U_M, D_M, _ = lo.svd(lo.Dense(M))
+    U_M = U_M.as_matrix()
     keep = _cutoff(D_M, rtol)
     U_M = U_M * keep[None, :]
     D_M = jnp.where(keep, D_M, 0.0)
@@ -305,9 +305,10 @@ def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, 
     tick(progress, 3, 4, unit="stage", after=GU)
     d_inv = jnp.where(keep, 1.0 / jnp.where(keep, D_M, 1.0), 0.0)
     B = jnp.eye(d_inv.shape[0], dtype=dtype) + d_inv[:, None] * ((GU + GU.T) / 2) * d_inv[None, :]
-    lam_B, U_B = jnp.linalg.eigh(B)
-    W, s, _ = jnp.linalg.svd(d_inv[:, None] * U_B / jnp.sqrt(jnp.maximum(lam_B, 1.0))[None, :],
-                             full_matrices=False)
+    lam_B, Q_B = lo.eigh(lo.Dense(B, tags={"symmetric"}))
+    U_B = Q_B.as_matrix()
+    W, s, _ = lo.svd(lo.Dense(d_inv[:, None] * U_B / jnp.sqrt(jnp.maximum(lam_B, 1.0))[None, :]))
+    W = W.as_matrix()
     inv = s**2  # descending; dropped directions of M have s = 0
     V = U_M @ W
     # 6. Truncate the smallest eigenvalues of A (the largest variances, first) until the posterior variance is

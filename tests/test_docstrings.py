@@ -17,8 +17,8 @@ import linops.runtime
 import linops.testing
 import linops.testing.strategies
 import posteriors
-import posteriors.cli
 import posteriors.data
+import posteriors.experiments.cli
 import posteriors.weights
 
 
@@ -46,7 +46,7 @@ def test_every_public_name_has_a_runnable_example():
     objects += _public(linops.likelihoods) + _public(linops.models) + _public(linops.memory)
     objects += _public(linops.kernels) + _public(linops.nn.layers) + _public(linops.runtime)
     objects += _public(posteriors) + _public(posteriors.predictive) + _public(posteriors.subnetwork)
-    objects += _public(posteriors.metrics) + _public(posteriors.data) + _public(posteriors.cli)
+    objects += _public(posteriors.metrics) + _public(posteriors.data) + _public(posteriors.experiments.cli)
     objects += _public(posteriors.weights)
     for name, obj in objects:
         if not (inspect.isclass(obj) or inspect.isfunction(obj)):

@@ -123,12 +123,13 @@ def test_linops_modules_and_classes_stay_short(path):
     assert not long
 
 
-LAPLACE_CODE = ["_structures.py", "laplace_family.py", "marglik.py", "predictive.py", "subnetwork.py", "gaussian.py"]
+LIBRARY_CODE = sorted(p.name for p in (ROOT / "posteriors").glob("*.py"))
 
 
-@pytest.mark.parametrize("name", LAPLACE_CODE)
-def test_the_laplace_code_of_posteriors_writes_no_factorisation(name):
-    """Cholesky, eigendecompositions, solves: linops does them (`lo.factorize`, `lo.eigendecompose`, `lo.inv`)."""
+@pytest.mark.parametrize("name", LIBRARY_CODE)
+def test_the_posteriors_write_no_factorisation(name):
+    """Cholesky, eigendecompositions, SVDs, solves: linops does them (`lo.factorize`, `lo.eigendecompose`, `lo.svd`,
+    `lo.inv`), in every library module of posteriors (the FSP-Laplace algorithm included)."""
     calls = []
     for node in ast.walk(ast.parse((ROOT / "posteriors" / name).read_text())):
         if isinstance(node, ast.Attribute):
@@ -255,7 +256,7 @@ def test_the_abstract_bases_cannot_be_instantiated():
 
 _OLD_HOOKS = {f"_{name}" for name in ("diag", "solve", "inv", "pinv", "sqrt", "logdet", "eigh", "trace", "root",
                                       "factorize", "eigendecompose", "eigvalsh", "shift", "hadamard_square",
-                                      "woodbury_part")}
+                                      "woodbury_part", "svd")}
 
 
 def test_closed_forms_are_registered_never_methods():
@@ -306,3 +307,44 @@ def test_concrete_classes_are_final():
     # the check can fail: the predicate tells the abstract bases from the concrete classes
     assert [_is_abstract(c) for c in (lo.AbstractLowRank, lo.LowRank, pst.AbstractLowRankPosterior,
                                       pst.LowRankPosterior, lo.kernels.RBF)] == [True, False, True, False, False]
+
+
+def _application_imports(modules: dict[str, Path]) -> dict[str, list[str]]:
+    apps = "posteriors.experiments"
+    out = {}
+    for name, path in modules.items():
+        if name == apps or name.startswith(apps + ".") or name == "posteriors.__main__":
+            continue
+        found = sorted(m for m in _imports(name, path, modules) if m == apps or m.startswith(apps + "."))
+        if found:
+            out[name] = found
+    return out
+
+
+def test_the_library_never_imports_the_applications(tmp_path):
+    """The command line and the experiments (`posteriors.experiments`, with `python -m posteriors` in its `cli`)
+    are an application of the library: no library module imports them, so the library's behaviour never depends
+    on an experiment's settings."""
+    modules = _modules(ROOT / "posteriors")
+    assert "posteriors.experiments.cli" in modules
+    assert _application_imports(modules) == {}
+    planted = tmp_path / "planted.py"  # the check can fail: a deferred import inside a function is found
+    planted.write_text("def f():\n    from posteriors.experiments.methods import METHODS\n    return METHODS\n")
+    assert _application_imports({**modules, "posteriors.planted": planted}) == {
+        "posteriors.planted": ["posteriors.experiments.methods"]}
+
+
+def test_the_lazy_names_of_posteriors_match_its_static_imports():
+    """`posteriors/__init__.py` keeps its public names in `_HOMES` (loaded on first use, so `python -m posteriors
+    --help` never imports JAX) and, for type checkers and the API pages, as static imports under TYPE_CHECKING:
+    the two lists must agree."""
+    import posteriors as pst
+
+    tree = ast.parse((ROOT / "posteriors" / "__init__.py").read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    static = {(node.module, a.name) for node in ast.walk(block) if isinstance(node, ast.ImportFrom)
+              for a in node.names}
+    lazy = {(module, name) for module, names in pst._HOMES.items() for name in names}
+    lazy |= {("posteriors", name) for name in pst._SUBMODULES}
+    assert static == lazy
+    assert sorted(pst.__all__) == sorted(name for _, name in lazy)

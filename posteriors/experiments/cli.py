@@ -9,7 +9,7 @@ in-between uncertainty of a 1-D toy) into ``--out``. The other commands reproduc
 comparison each. ``--quick`` finishes in a few minutes on 2 CPU cores.
 
 Examples:
-    >>> from posteriors.cli import build_parser
+    >>> from posteriors.experiments.cli import build_parser
     >>> args = build_parser().parse_args(["demo", "--quick", "--methods", "map,projected"])
     >>> args.command, args.quick, args.methods
     ('demo', True, 'map,projected')
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m posteriors``.
 
     Examples:
-        >>> from posteriors.cli import build_parser
+        >>> from posteriors.experiments.cli import build_parser
         >>> build_parser().parse_args([]).command is None      # no command: the demo
         True
     """
@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     Bad arguments (an unknown command, method, dataset or part) stop it before any work.
 
     Examples:
-        >>> from posteriors.cli import main
+        >>> from posteriors.experiments.cli import main
         >>> main(["fsp", "--parts", "sine"])
         Traceback (most recent call last):
         ...
