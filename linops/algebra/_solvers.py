@@ -6,8 +6,6 @@ product (its method was checked when `linops.inv` built it).
 
 from __future__ import annotations
 
-from typing import Any
-
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
@@ -72,14 +70,15 @@ def solve_checked(A, b, method=None, *, rtol=None, atol=0.0, maxiter=None, preco
         )
     dtype = jnp.result_type(A.dtype, b.dtype)
     b = b.astype(dtype)
-    options: dict[str, Any] = dict(
-        rtol=float(np.sqrt(np.finfo(dtype).eps)) if rtol is None else rtol,  # NumPy: static under jit
-        atol=atol,
-        maxiter=10 * A.shape[0] if maxiter is None else maxiter,
-        precondition=None if preconditioner is None else preconditioner.mv,
-    )
-    if b.ndim == 1:
-        x, conv, steps, res = cg(A.mv, b, x0=x0, **options)
-    else:
-        x, conv, steps, res = cg_many(A.mv, b, x0=x0, **options)
-    return Solution(x, conv, steps, res)
+    rtol = float(np.sqrt(np.finfo(dtype).eps)) if rtol is None else rtol  # NumPy: static under jit
+    maxiter = 10 * A.shape[0] if maxiter is None else maxiter
+    return Solution(*_cg_compiled(A, b, x0, preconditioner, rtol, atol, maxiter))
+
+
+@eqx.filter_jit
+def _cg_compiled(A, b, x0, preconditioner, rtol, atol, maxiter):
+    """CG as one compiled program per operator structure, shapes and options: an eager `solve(method="cg")`
+    traces and compiles its loop once, not at every call (under an outer `jax.jit` it is inlined)."""
+    precondition = None if preconditioner is None else preconditioner.mv
+    run = cg if b.ndim == 1 else cg_many
+    return run(A.mv, b, x0=x0, rtol=rtol, atol=atol, maxiter=maxiter, precondition=precondition)

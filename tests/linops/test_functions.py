@@ -358,3 +358,26 @@ def test_the_square_root_refusal_points_to_root_which_samples():
         lo.sqrt(W)
     R = lo.root(W).as_matrix()
     assert_close(R @ R.T, np.diag(np.arange(1.0, 6.0)) + U @ np.diag(d) @ U.T, rtol=1e-10)
+
+
+def test_an_eager_cg_solve_compiles_its_loop_once():
+    """`lo.solve(A, b, method="cg")` outside `jax.jit` is one compiled program per operator structure, shapes and
+    options: a second call, on a freshly built operator of the same structure and new values, compiles nothing."""
+    from linops.testing import count_compilations
+
+    rng = np.random.default_rng(5)
+
+    def spd():
+        M = rng.standard_normal((12, 12))
+        return M @ M.T / 12 + np.eye(12)
+
+    b = jnp.asarray(rng.standard_normal(12))
+    first = lo.solve(lo.Dense(jnp.asarray(spd()), tags={"psd"}), b, method="cg")
+    assert bool(first.converged)
+    M, c = spd(), jnp.asarray(rng.standard_normal(12))
+    with count_compilations() as compiled:
+        sol = lo.solve(lo.Dense(jnp.asarray(M), tags={"psd"}), c, method="cg")
+        jax.block_until_ready(sol.value)
+    assert compiled == []
+    assert bool(sol.converged)
+    assert_close(sol.value, np.linalg.solve(M, np.asarray(c)), rtol=1e-6)
