@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linops.likelihoods import Likelihood
+from linops.models import example_spec
 
 
 def check_likelihood(likelihood, who: str) -> None:
@@ -66,3 +67,26 @@ def check_params(params, who: str) -> None:
     if not all(isinstance(leaf, jax.core.Tracer) or np.isfinite(np.asarray(leaf)).all()
                for leaf in jax.tree_util.tree_leaves(params)):
         raise ValueError(f"{who}: params contain non-finite values")
+
+
+def check_targets(fn, params, data, likelihood, who: str) -> None:
+    """The targets fit the model and the likelihood (as `linops.GGNOp` checks them for the Laplace family): as many
+    as the inputs, and of the likelihood's shape and range for the model's number of outputs (a label past the
+    classes, a negative label, an ``(N,)`` target for a two-output model are refused). Reads shapes only
+    (`jax.eval_shape`): no program is compiled."""
+    inputs, targets = data
+    leaves = jax.tree_util.tree_leaves(inputs)
+    if not leaves or any(jnp.ndim(a) == 0 for a in leaves):
+        raise ValueError(f"{who}: the inputs must be a batch (N, ...) of examples, got "
+                         f"{[jnp.shape(a) for a in leaves]}")
+    num_examples = jnp.shape(leaves[0])[0]
+    if num_examples == 0:
+        raise ValueError(f"{who}: the data hold no example (N = 0)")
+    try:
+        out = jax.eval_shape(fn, params, example_spec(inputs))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{who}: the model fails on one input of the data ({e})") from e
+    if len(getattr(out, "shape", ())) != 1:
+        raise ValueError(f"{who}: fn(params, x) must return a 1-D vector of outputs for one example, got shape "
+                         f"{getattr(out, 'shape', type(out).__name__)}")
+    likelihood.check(out.shape[0], targets, num_examples, who)

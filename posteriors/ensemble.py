@@ -33,7 +33,7 @@ import linops as lo
 from linops.likelihoods import Gaussian, Likelihood
 from linops.models import ravel
 from linops.runtime import batched_map, canonical_convolutions, has_conv, program, tick
-from posteriors._checks import check_data, check_likelihood, check_params
+from posteriors._checks import check_data, check_likelihood, check_params, check_targets
 from posteriors._training import check_step_settings, minibatch_loss, positive_int
 
 
@@ -191,6 +191,7 @@ def deep_ensemble(fn, init: Callable, data, likelihood: Likelihood, *, key: jax.
     k_init, k_data = jax.random.split(key)
     params0 = init(jax.random.fold_in(k_init, 0))
     check_params(params0, who)
+    check_targets(fn, params0, data, likelihood, who)
     _, unravel = ravel(params0)
     starts = jnp.stack([ravel(params0)[0]] + [ravel(init(jax.random.fold_in(k_init, m)))[0]
                                              for m in range(1, num_members)])

@@ -27,7 +27,7 @@ import numpy as np
 
 from linops.likelihoods import Bernoulli, Categorical, Gaussian
 from linops.memory import check_fits
-from linops.models import ravel, unravel_of
+from linops.models import example_spec, ravel, unravel_of
 from linops.runtime import batched_map, program
 from posteriors.ensemble import DeepEnsemble
 from posteriors.gaussian import AbstractLowRankPosterior, GaussianPosterior
@@ -301,7 +301,9 @@ def laplace_bridge(mean, covariance):
     $\Sigma \leftarrow \Sigma - \Sigma\mathbf 1\mathbf 1^\top\Sigma/(\mathbf 1^\top\Sigma\mathbf 1)$;
     then it is mapped to a Dirichlet with
     $\alpha_k = \Sigma_{kk}^{-1}\,(1 - 2/K + e^{\mu_k} K^{-2} \sum_l e^{-\mu_l})$, whose mean
-    $\alpha_k / \sum_l \alpha_l$ is returned, shape ``(M, K)``.
+    $\alpha_k / \sum_l \alpha_l$ is returned, shape ``(M, K)``. Computed in log space (a log-sum-exp
+    for $\sum_l e^{-\mu_l}$, a softmax for the normalisation), so logits of any size give finite
+    probabilities that sum to one.
 
     Args:
         mean: ``(M, K)`` logit means.
@@ -321,8 +323,12 @@ def laplace_bridge(mean, covariance):
     total = jnp.sum(s, axis=-1, keepdims=True)  # 1^T Sigma 1
     mean = mean - s * jnp.sum(mean, axis=-1, keepdims=True) / total
     var = jnp.diagonal(covariance, axis1=-2, axis2=-1) - s**2 / total
-    alpha = (1.0 - 2.0 / K + jnp.exp(mean) / K**2 * jnp.sum(jnp.exp(-mean), axis=-1, keepdims=True)) / var
-    return alpha / jnp.sum(alpha, axis=-1, keepdims=True)
+    if K == 1:  # one class: probability one (its variance is zero once the logits sum to zero)
+        return jnp.ones_like(mean)
+    log_a = np.log(1.0 - 2.0 / K) if K > 2 else -np.inf  # 1 - 2/K, zero for two classes
+    log_tail = mean + jax.nn.logsumexp(-mean, axis=-1, keepdims=True) - 2.0 * np.log(K)
+    log_alpha = jnp.logaddexp(log_a, log_tail) - jnp.log(jnp.maximum(var, jnp.finfo(var.dtype).tiny))
+    return jax.nn.softmax(log_alpha, axis=-1)
 
 
 def classification(post: GaussianPosterior, inputs, *, link: str = "probit", key: jax.Array | None = None,
@@ -423,6 +429,7 @@ def nll(post: GaussianPosterior, inputs, targets, *, link: str = "probit", key: 
         True
     """
     lik = getattr(post, "likelihood", None)
+    targets = _checked_nll_targets(post, inputs, targets, lik)
     if isinstance(lik, Gaussian):
         mean, var = regression(post, inputs, progress=progress)
         return 0.5 * jnp.sum(jnp.log(2 * jnp.pi * var) + (targets - mean) ** 2 / var)
@@ -433,6 +440,42 @@ def nll(post: GaussianPosterior, inputs, targets, *, link: str = "probit", key: 
     if not isinstance(lik, (Categorical, type(None))):
         raise ValueError(f"nll: no predictive for a {type(lik).__name__} likelihood")
     return -jnp.sum(jnp.log(jnp.take_along_axis(probs, targets[:, None], axis=1) + tiny))
+
+
+def _checked_nll_targets(post, inputs, targets, lik):
+    """``targets`` for `nll`, refused before any work unless they match the model's outputs: ``(M, O)`` real values
+    for a Gaussian likelihood (no broadcasting), ``(M,)`` or ``(M, 1)`` zeros and ones for one output (a Bernoulli
+    logit, returned as ``(M, 1)``), else ``(M,)`` integer labels in ``[0, O)``."""
+    leaves = jax.tree_util.tree_leaves(inputs)
+    if not leaves or any(jnp.ndim(a) == 0 for a in leaves):
+        raise ValueError(f"nll: inputs must be a batch (M, ...) of examples, got {[jnp.shape(a) for a in leaves]}")
+    M = jnp.shape(leaves[0])[0]
+    out = jax.eval_shape(post.fn, post.params, example_spec(inputs))
+    K = out.shape[0] if len(out.shape) == 1 else None
+    targets = jnp.asarray(targets)
+    if isinstance(lik, Gaussian):
+        if targets.shape != (M, K) or not jnp.issubdtype(targets.dtype, jnp.number):
+            raise ValueError(f"nll: a Gaussian likelihood needs real targets of shape ({M}, {K}), one per output of "
+                             f"each input (no broadcasting), got {targets.dtype}{targets.shape}")
+        return targets
+    concrete = not isinstance(targets, jax.core.Tracer)
+    if isinstance(lik, Bernoulli) or K == 1:
+        if targets.shape not in ((M,), (M, 1)):
+            raise ValueError(f"nll: a single-output (Bernoulli) model needs targets of shape ({M},) or ({M}, 1), "
+                             f"got {targets.shape}")
+        if concrete and not bool(np.all(np.isin(np.asarray(targets), (0, 1)))):
+            raise ValueError("nll: a single-output (Bernoulli) model needs targets 0 or 1, got values "
+                             f"{sorted(set(np.unique(np.asarray(targets)).tolist()) - {0, 1})[:5]}")
+        return targets.reshape(M, 1)
+    if not jnp.issubdtype(targets.dtype, jnp.integer) or targets.shape != (M,):
+        raise ValueError(f"nll: classification needs integer labels of shape ({M},), one per input, got "
+                         f"{targets.dtype}{targets.shape}")
+    if concrete and M:
+        low, high = int(np.min(np.asarray(targets))), int(np.max(np.asarray(targets)))
+        if low < 0 or high >= K:
+            raise ValueError(f"nll: labels must lie in [0, {K}) for a model with {K} outputs, got labels from "
+                             f"{low} to {high}")
+    return targets
 
 
 __all__ = ["classification", "laplace_bridge", "linearized", "monte_carlo", "nll", "probit", "regression"]

@@ -38,7 +38,7 @@ import linops as lo
 from linops.likelihoods import Likelihood
 from linops.memory import check_fits, format_bytes
 from linops.models import check_indices, ravel
-from posteriors._checks import check_data, check_likelihood, check_params
+from posteriors._checks import check_data, check_likelihood, check_params, check_targets
 from posteriors._prior import canonical_prior
 from posteriors.laplace_family import LaplacePosterior, _laplace
 from posteriors.swag_posterior import _sgd_moments
@@ -187,6 +187,10 @@ def swag(fn, params, data, likelihood: Likelihood, size: int, *, key: jax.Array,
         (Array([0], dtype=int32), 0.0)
     """
     who = "subnetwork.swag"
+    check_params(params, who)
+    check_likelihood(likelihood, who)
+    check_data(data, who)
+    check_targets(fn, params, data, likelihood, who)
     flat, _ = ravel(params)
     size = _check_size(size, flat.shape[0], who)
     _, variances, _, _ = _sgd_moments(fn, params, data, likelihood, key=key, num_steps=num_steps,

@@ -42,7 +42,7 @@ import linops as lo
 from linops.likelihoods import Likelihood
 from linops.models import ravel
 from linops.runtime import canonical_convolutions, program, tick
-from posteriors._checks import check_data, check_likelihood, check_params
+from posteriors._checks import check_data, check_likelihood, check_params, check_targets
 from posteriors._training import check_step_settings, minibatch_loss, positive_int
 from posteriors.gaussian import GaussianPosterior
 
@@ -201,6 +201,7 @@ def swag(fn, params, data, likelihood: Likelihood, *, key: jax.Array, num_snapsh
     check_params(params, who)
     check_likelihood(likelihood, who)
     check_data(data, who)
+    check_targets(fn, params, data, likelihood, who)
     n = jax.tree_util.tree_leaves(data[0])[0].shape[0]
     num_snapshots = positive_int(num_snapshots, "num_snapshots", who)
     batch_size = min(positive_int(batch_size, "batch_size", who), n)

@@ -209,3 +209,69 @@ def test_laplace_bridge_by_hand_on_asymmetric_three_class_cases():
     K = 3
     naive = (1 - 2 / K + np.exp(mean[0]) / K**2 * np.exp(-mean[0]).sum()) / var[0]
     assert np.abs(naive / naive.sum() - expected[0]).max() > 1e-2
+
+
+def test_nll_refuses_targets_that_do_not_match_the_model_before_any_work():
+    """`pst.predictive.nll` checks its targets as the metrics do: (N,) targets against (N, 1) means broadcast to an
+    (N, N) sum, label -1 scored as the last class, a label past the classes gave NaN; each is refused, naming it."""
+    from linops.likelihoods import Gaussian
+
+    X = jnp.asarray(np.random.default_rng(0).standard_normal((6, 2)))
+    reg = pst.laplace(lambda w, x: (x @ w)[None], jnp.ones(2), (X, jnp.zeros((6, 1))), Gaussian(1.0),
+                      structure="diag")
+    with pytest.raises(ValueError, match=r"nll: a Gaussian likelihood needs real targets of shape \(6, 1\).*\(6,\)"):
+        pst.predictive.nll(reg, X, jnp.zeros(6))
+    mean, var = pst.predictive.regression(reg, X)
+    y = jnp.asarray(np.random.default_rng(1).standard_normal((6, 1)))
+    expected = 0.5 * np.sum(np.log(2 * np.pi * np.asarray(var)) + (np.asarray(y) - np.asarray(mean)) ** 2
+                            / np.asarray(var))
+    assert_close(pst.predictive.nll(reg, X, y), expected)
+
+    W = jnp.asarray(np.random.default_rng(2).standard_normal((2, 3)))
+    labels = jnp.array([0, 1, 2, 0, 1, 2])
+    clf = pst.laplace(lambda w, x: x @ w, W, (X, labels), Categorical(), structure="diag")
+    for bad, match in ((labels.at[0].set(-1), r"labels must lie in \[0, 3\).*from -1 to 2"),
+                       (labels.at[0].set(3), r"labels must lie in \[0, 3\).*from 0 to 3"),
+                       (labels[:5], r"integer labels of shape \(6,\)"),
+                       (labels.astype(float), r"integer labels of shape \(6,\)")):
+        with pytest.raises(ValueError, match=match):
+            pst.predictive.nll(clf, X, bad)
+    probs = pst.predictive.classification(clf, X)
+    assert_close(pst.predictive.nll(clf, X, labels), -np.sum(np.log(np.asarray(probs)[np.arange(6), labels])),
+                 rtol=1e-6)
+
+    binary = pst.laplace(lambda w, x: (x @ w)[None], jnp.ones(2), (X, jnp.array([0, 1, 1, 0, 1, 0])[:, None]),
+                         Bernoulli(), structure="diag")
+    with pytest.raises(ValueError, match=r"targets 0 or 1, got values \[2\]"):
+        pst.predictive.nll(binary, X, jnp.array([0, 1, 2, 0, 1, 0]))
+    p = np.asarray(pst.predictive.classification(binary, X))[:, 0]
+    t = np.array([0, 1, 1, 0, 1, 0])
+    expected = -np.sum(t * np.log(p) + (1 - t) * np.log(1 - p))
+    assert_close(pst.predictive.nll(binary, X, jnp.asarray(t)), expected, rtol=1e-6)  # (N,) targets: no broadcast
+
+
+def test_the_laplace_bridge_is_the_closed_form_and_finite_at_any_logit():
+    """In log space the bridge equals its formula where that is finite, and stays a distribution where the formula
+    overflowed (it gave [0, 0, 0] at logits +-45 and NaN at +-50)."""
+    rng = np.random.default_rng(4)
+    K = 4
+    mean = rng.standard_normal((5, K)) * 3
+    A = rng.standard_normal((5, K, K))
+    cov = A @ np.transpose(A, (0, 2, 1)) / K + 0.1 * np.eye(K)
+
+    def formula(mean, cov):  # the paper's formula, directly (float64, moderate logits)
+        s = cov.sum(-1)
+        total = s.sum(-1, keepdims=True)
+        m = mean - s * mean.sum(-1, keepdims=True) / total
+        var = np.diagonal(cov, axis1=-2, axis2=-1) - s**2 / total
+        alpha = (1 - 2 / K + np.exp(m) / K**2 * np.exp(-m).sum(-1, keepdims=True)) / var
+        return alpha / alpha.sum(-1, keepdims=True)
+
+    assert_close(predictive.laplace_bridge(jnp.asarray(mean), jnp.asarray(cov)), formula(mean, cov), rtol=1e-10)
+    diag = np.diagonal(cov, axis1=-2, axis2=-1)
+    assert_close(predictive.laplace_bridge(jnp.asarray(mean), jnp.asarray(diag)),
+                 formula(mean, np.eye(K) * diag[:, None, :]), rtol=1e-10)
+    for L in (45.0, 50.0, 1e4):
+        p = np.asarray(predictive.laplace_bridge(jnp.array([[L, -L, 0.0]], jnp.float32), jnp.ones((1, 3))))
+        assert np.all(np.isfinite(p)) and abs(p.sum() - 1) < 1e-6 and p[0, 0] > 0.999
+    assert_close(predictive.laplace_bridge(jnp.zeros((2, 1)), jnp.ones((2, 1))), np.ones((2, 1)))  # one class

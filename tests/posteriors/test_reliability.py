@@ -203,3 +203,41 @@ def test_projected_posterior_under_jit_equals_the_eager_one():
     steps = np.asarray(a) - np.asarray(ravel(params)[0])[None, :]
     assert np.linalg.norm(Jm @ steps.T) <= 1e-6 * np.linalg.norm(Jm) * np.linalg.norm(steps)
     assert np.linalg.norm(steps) > 1.0  # not a trivial zero step
+
+
+@pytest.mark.parametrize("method", ["swag", "deep_ensemble", "subnetwork.swag"])
+def test_swag_and_ensembles_refuse_targets_that_do_not_fit_before_any_training(method):
+    """Label 5 of 5 classes and label -1 trained as if valid (identical results), 64 inputs ran with 10 targets,
+    and (N,) targets for a two-output model were broadcast: each is refused before a single SGD step."""
+    import jax
+    import jax.numpy as jnp
+
+    import posteriors as pst
+    from linops.likelihoods import Categorical, Gaussian
+    from posteriors import subnetwork
+
+    rng = np.random.default_rng(0)
+    X = jnp.asarray(rng.standard_normal((64, 3)), jnp.float32)
+    W = jnp.asarray(rng.standard_normal((3, 5)), jnp.float32)
+    fn = lambda w, x: x @ w  # noqa: E731
+    key = jax.random.key(0)
+
+    def run(targets, likelihood, params=W):
+        kw = dict(key=key, progress=False)
+        if method == "swag":
+            return pst.swag(fn, params, (X, targets), likelihood, num_snapshots=2, batch_size=8, **kw)
+        if method == "deep_ensemble":
+            return pst.deep_ensemble(fn, lambda k: params, (X, targets), likelihood, num_members=2, num_steps=2,
+                                     batch_size=8, **kw)
+        return subnetwork.swag(fn, params, (X, targets), likelihood, 2, num_steps=2, batch_size=8, **kw)
+
+    labels = jnp.asarray(rng.integers(0, 5, 64))
+    for bad, match in ((labels.at[3].set(5), r"labels must lie in \[0, 5\).*\[0, 5\]"),
+                       (labels.at[3].set(-1), r"labels must lie in \[0, 5\).*\[-1, 4\]"),
+                       (labels[:10], r"integer class labels of shape \(64,\)")):
+        with pytest.raises(ValueError, match=f"{method}: .*" + match):
+            run(bad, Categorical())
+    two = jnp.asarray(rng.standard_normal((3, 2)), jnp.float32)
+    with pytest.raises(ValueError, match=rf"{method}: a Gaussian likelihood needs targets of shape \(64, 2\), "
+                                         r"got \(64,\)"):
+        run(jnp.zeros(64), Gaussian(1.0), params=two)
