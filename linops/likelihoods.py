@@ -84,8 +84,13 @@ class Gaussian(Likelihood):
         sigma = jnp.asarray(sigma)
         if not jnp.issubdtype(sigma.dtype, jnp.inexact):
             sigma = sigma.astype(float)
-        if not isinstance(sigma, jax.core.Tracer) and bool(np.any(np.asarray(sigma) <= 0)):
-            raise ValueError(f"Gaussian: sigma must be positive, got min {float(np.min(np.asarray(sigma)))}")
+        if not isinstance(sigma, jax.core.Tracer):
+            host = np.asarray(sigma)
+            if not bool(np.all(np.isfinite(host))):
+                raise ValueError(f"Gaussian: sigma must be finite, got {int(np.sum(~np.isfinite(host)))} NaN or "
+                                 "infinite value(s)")
+            if bool(np.any(host <= 0)):
+                raise ValueError(f"Gaussian: sigma must be positive, got min {float(np.min(host))}")
         if heteroscedastic and sigma.ndim not in (1, 2):
             raise ValueError(f"Gaussian: a heteroscedastic sigma has shape (N,) or (N, O), got {sigma.shape}")
         if not heteroscedastic and sigma.ndim > 1:

@@ -65,6 +65,9 @@ def canonical_prior(prior, params, weights, structure=None, *, who: str):
         return alpha
     if not np.all(alpha > 0):
         raise ValueError(f"{who}: prior_precision must be positive, got min {float(np.min(alpha))}")
+    if not np.all(np.isfinite(alpha)):  # an infinite precision is a point mass: no posterior, NaN downstream
+        raise ValueError(f"{who}: prior_precision must be finite, got {int(np.sum(~np.isfinite(alpha)))} infinite "
+                         "value(s); to fix weights, leave them out (subset_of_weights) instead")
     if structure is not None and alpha.ndim == 1:
         structure.check_prior(alpha, weights.group_sizes(params), who)
     return jax.device_put(alpha)  # a transfer (jnp.asarray of a NumPy array compiles a program)

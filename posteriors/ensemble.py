@@ -110,6 +110,7 @@ class DeepEnsemble(eqx.Module):
 
     def sample(self, key: jax.Array, n: int) -> jax.Array:
         """``n`` draws from the mixture: members chosen uniformly at random (with replacement), ``(n, P)``."""
+        n = positive_int(n, "n", f"{type(self).__name__}.sample")
         return self.members[jax.random.randint(key, (n,), 0, self.num_members)]
 
     def outputs(self, inputs, *, batch_size: int = 512) -> jax.Array:

@@ -28,6 +28,7 @@ from equinox import AbstractVar
 import linops as lo
 from linops.models import example_spec, ravel
 from linops.runtime import program
+from posteriors._training import positive_int
 
 
 @program
@@ -82,6 +83,8 @@ class GaussianPosterior(eqx.Module):
         if not leaves or any(jnp.ndim(a) == 0 for a in leaves):
             raise ValueError(f"{type(self).__name__}: inputs must be a batch (M, ...) of examples, got "
                              f"{[jnp.shape(a) for a in leaves]}")
+        if jnp.shape(leaves[0])[0] == 0:
+            raise ValueError(f"{type(self).__name__}: the inputs hold no example (M = 0): nothing to predict")
         try:
             out = jax.eval_shape(self.fn, self.params, example_spec(inputs))
         except (TypeError, ValueError) as e:
@@ -150,6 +153,7 @@ class AbstractLowRankPosterior(GaussianPosterior):
 
     def sample(self, key: jax.Array, n: int) -> jax.Array:
         """``n`` samples $\\theta^* + S z$, shape ``(n, P)``."""
+        n = positive_int(n, "n", f"{type(self).__name__}.sample")
         z = jax.random.normal(key, (self.U.shape[1], n), self.U.dtype)
         return self.mean[None, :] + (self.factor @ z).T
 

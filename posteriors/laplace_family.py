@@ -26,6 +26,7 @@ from posteriors import _structures as S
 from posteriors import weights as W
 from posteriors._checks import check_data, check_likelihood, check_params
 from posteriors._prior import canonical_prior, check_sigma, noise_scale
+from posteriors._training import positive_int
 from posteriors.gaussian import GaussianPosterior
 
 STRUCTURES = tuple(S.REGISTRY)
@@ -91,6 +92,7 @@ class LaplacePosterior(GaussianPosterior):
 
     def sample(self, key: jax.Array, n: int) -> jax.Array:
         """``n`` flat parameter samples, shape ``(n, P)``."""
+        n = positive_int(n, "n", f"{type(self).__name__}.sample")
         deltas = self.ggn.sample(key, n, self.prior_precision, self.noise_scale, self.factor)
         return self.mean[None, :] + self.weights.scatter(deltas, self.num_params).T
 

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import linops as lo
 from linops.models import ravel
 from posteriors._checks import check_data, check_finite, check_likelihood, check_params
+from posteriors._training import positive_int
 from posteriors.gaussian import GaussianPosterior
 
 
@@ -72,6 +73,7 @@ class ProjectedPosterior(GaussianPosterior):
         samples in parallel on that mesh, with each batch's factors left on its device
         (`linops.AlternatingProjectionOp.project_samples`), and ignores this ``mesh``.
         """
+        n = positive_int(n, "n", f"{type(self).__name__}.sample")
         eps = jax.random.normal(key, (self.mean.shape[0], n), self.mean.dtype)
         if mesh is None or self.projection.mesh is not None:  # a projection on a mesh already uses it
             result = self.projection.project_samples(eps)
@@ -171,6 +173,8 @@ def _check_prior(prior_precision, key, who):
         alpha = jnp.asarray(prior_precision)
         if not isinstance(alpha, jax.core.Tracer) and not float(alpha) > 0:
             raise ValueError(f"{who}: prior_precision must be positive, got {float(alpha)}")
+        if not isinstance(alpha, jax.core.Tracer) and float(alpha) == float("inf"):
+            raise ValueError(f"{who}: prior_precision must be finite, got inf (a point mass at the MAP)")
 
 
 def _build(fn, params, projection, prior_precision, key, num_trace_samples):

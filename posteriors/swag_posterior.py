@@ -153,6 +153,7 @@ class SWAGPosterior(GaussianPosterior):
 
     def sample(self, key: jax.Array, n: int) -> jax.Array:
         """``n`` samples $\\bar\\theta + \\Sigma_{diag}^{1/2} z_1/\\sqrt2 + D z_2/\\sqrt{2(K-1)}$, shape ``(n, P)``."""
+        n = positive_int(n, "n", f"{type(self).__name__}.sample")
         k1, k2 = jax.random.split(key)
         std = jnp.sqrt(jnp.clip(self.variance, 0.0))
         z1 = jax.random.normal(k1, (n, std.shape[0]), std.dtype)

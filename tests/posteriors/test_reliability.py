@@ -241,3 +241,26 @@ def test_swag_and_ensembles_refuse_targets_that_do_not_fit_before_any_training(m
     with pytest.raises(ValueError, match=rf"{method}: a Gaussian likelihood needs targets of shape \(64, 2\), "
                                          r"got \(64,\)"):
         run(jnp.zeros(64), Gaussian(1.0), params=two)
+
+
+def test_non_finite_noise_and_prior_sample_counts_and_empty_inputs_are_refused_clearly():
+    """Gaussian(sigma=nan or inf) and an infinite prior precision were accepted (NaN posteriors downstream);
+    sample(n=-1) and a predictive on 0 inputs crashed with raw MLIR and index errors."""
+    X, Y = jnp.ones((4, 2)), jnp.zeros((4, 1))
+    fn = lambda w, x: (x @ w)[None]  # noqa: E731
+    for sigma in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="Gaussian: sigma must be finite"):
+            Gaussian(sigma)
+    for structure in ("diag", "full", "kfac", "lowrank"):
+        kw = {"rank": 1, "key": jax.random.key(0)} if structure == "lowrank" else {}
+        with pytest.raises(ValueError, match=r"laplace: prior_precision must be finite"):
+            pst.laplace(fn, jnp.ones(2), (X, Y), Gaussian(1.0), structure=structure, prior_precision=float("inf"),
+                        **kw)
+    with pytest.raises(ValueError, match=r"projected_posterior: prior_precision must be finite, got inf"):
+        pst.projected_posterior(fn, jnp.ones(2), X, batch_size=2, prior_precision=float("inf"))
+    post = pst.laplace(fn, jnp.ones(2), (X, Y), Gaussian(1.0), structure="diag")
+    for n in (-1, 0, 2.5):
+        with pytest.raises(ValueError, match=r"LaplacePosterior.sample: n must be an integer >= 1"):
+            post.sample(jax.random.key(0), n)
+    with pytest.raises(ValueError, match=r"LaplacePosterior: the inputs hold no example \(M = 0\)"):
+        pst.predictive.regression(post, jnp.ones((0, 2)))
