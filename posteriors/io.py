@@ -210,6 +210,11 @@ def save(post, path) -> None:
     folder = path.parent
     if not folder.is_dir():
         raise FileNotFoundError(f"{who}: the folder {folder} of {path} does not exist")
+    # a rename would replace a write-protected file all the same (and root may write anyway): its mode bits decide,
+    # as rm's prompt does
+    if path.exists() and (not os.access(path, os.W_OK) or not path.stat().st_mode & stat.S_IWUSR):
+        raise PermissionError(f"{who}: {path} is write-protected (mode {oct(stat.S_IMODE(path.stat().st_mode))}); "
+                              "save never replaces a file you could not write: make it writable or choose another path")
     mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else None
     head = (json.dumps(header) + "\n").encode()
     tmp, fd = _temporary_file(folder, path.name)

@@ -444,14 +444,21 @@ class FunctionOp(LinearOperator):
         return self.declared
 
     def mv(self, v):
-        return self.fn(v)
+        return self._checked(self.fn(v), self.shape[0], "mv")
 
     def rmv(self, u):
         if self.rfn is not None:
-            return self.rfn(u)
+            return self._checked(self.rfn(u), self.shape[1], "rmv")
         if _tags.symmetric in self.declared:
-            return self.fn(u)
+            return self._checked(self.fn(u), self.shape[1], "mv")
         return super().rmv(u)
+
+    def _checked(self, out, length, which):
+        """The function's output, refused (at trace time: shapes are static) unless it has the declared length."""
+        if jnp.shape(out) != (length,):
+            raise ValueError(f"{describe(self)}: its {which} function returned shape {tuple(jnp.shape(out))} for "
+                             f"one vector; the declared shape {self.shape} needs ({length},)")
+        return out
 
 
 def check_vector(op: LinearOperator, b, what: str, length: int) -> jax.Array:

@@ -264,3 +264,27 @@ def test_non_finite_noise_and_prior_sample_counts_and_empty_inputs_are_refused_c
             post.sample(jax.random.key(0), n)
     with pytest.raises(ValueError, match=r"LaplacePosterior: the inputs hold no example \(M = 0\)"):
         pst.predictive.regression(post, jnp.ones((0, 2)))
+
+
+def test_a_function_operator_of_the_wrong_length_and_a_write_protected_file_are_refused(tmp_path):
+    """A FunctionOp declared (3, 3) whose function returned 2 numbers gave a wrong-length product silently; save
+    replaced a file of mode 0444 (its rename needs only the folder's permission)."""
+    import os
+
+    F = lo.FunctionOp(lambda v: v[:2], (3, 3), jnp.float32)
+    with pytest.raises(ValueError, match=r"FunctionOp\(3, 3\): its mv function returned shape \(2,\).*needs \(3,\)"):
+        F @ jnp.ones(3)
+    with pytest.raises(ValueError, match=r"its mv function returned shape \(2,\)"):
+        F @ jnp.ones((3, 4))  # several vectors: checked per vector
+    G = lo.FunctionOp(lambda v: jnp.ones(2), (2, 3), jnp.float32, rmv=lambda u: u)
+    with pytest.raises(ValueError, match=r"FunctionOp\(2, 3\): its rmv function returned shape \(2,\).*needs \(3,\)"):
+        G.T @ jnp.ones(2)
+    X, Y = jnp.ones((4, 2)), jnp.zeros((4, 1))
+    post = pst.laplace(lambda w, x: (x @ w)[None], jnp.ones(2), (X, Y), Gaussian(1.0), structure="diag")
+    path = tmp_path / "post.eqx"
+    pst.save(post, path)
+    before = path.read_bytes()
+    os.chmod(path, 0o444)  # refused for root too: the mode bits say the file is protected
+    with pytest.raises(PermissionError, match=r"save: .*post.eqx is write-protected \(mode 0o444\)"):
+        pst.save(post, path)
+    assert path.read_bytes() == before
