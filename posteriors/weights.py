@@ -258,7 +258,13 @@ def last_layer_leaves(params, last_layer=None, *, fn=None, x=None) -> list[int]:
             raise ValueError(f"last_layer: no parameter path starts with {last_layer!r}; paths: {names}")
         return chosen
     if fn is not None:
-        dense = [L for L in lo.nn.find_layers(fn, params, x) if L.kind == "dense"]
+        layers = lo.nn.find_layers(fn, params, x)
+        if layers and layers[-1].kind != "dense":  # a convolutional head: the last dense layer is not the output's
+            raise ValueError(f"last_layer: the last layer with weights in fn's program is a {layers[-1].kind} layer "
+                             f"({names[layers[-1].weight]}), not a dense one; a last-layer posterior needs a dense "
+                             "output layer: name the leaves to use, last_layer='<path prefix>', or choose them with "
+                             "pst.weights.leaves(params, '<path prefix>')")
+        dense = [L for L in layers if L.kind == "dense"]
         if dense:
             return sorted(i for i in (dense[-1].weight, dense[-1].bias) if i is not None)
     matrices = [i for i, (_, leaf) in enumerate(with_paths) if jnp.ndim(leaf) == 2]

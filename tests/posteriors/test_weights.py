@@ -150,3 +150,26 @@ def test_bad_selections_are_refused_before_any_work():
                                                                                              "bad"))
     with pytest.raises(ValueError, match=r"indices must lie in \[0, 32\)"):
         pst.laplace(fn, params, data, Gaussian(SIGMA), subset_of_weights=pst.weights.Indices(jnp.array([0, 40])))
+
+
+def test_last_layer_detection_refuses_a_convolutional_head_instead_of_guessing():
+    """With a 1x1 convolution as the output layer (then global average pooling), the last dense layer found was an
+    earlier one: the posterior silently covered the wrong weights. Refused, naming the convolution."""
+    import jax
+    import jax.numpy as jnp
+
+    import posteriors as pst
+    from linops.likelihoods import Categorical
+
+    def fn(p, x):  # x: (1, 6, 6) -> dense features -> back to (4, 6, 6) -> 1x1 convolution to 3 classes -> mean
+        h = jnp.tanh(x.reshape(-1) @ p["body"]["W"]).reshape(4, 6, 6)
+        logits = jax.lax.conv_general_dilated(h[None], p["head"]["K"], (1, 1), "VALID")[0]
+        return jnp.mean(logits, axis=(1, 2))
+
+    params = {"body": {"W": 0.1 * jnp.ones((36, 144))}, "head": {"K": 0.1 * jnp.ones((3, 4, 1, 1))}}
+    X = jnp.asarray(np.random.default_rng(0).standard_normal((8, 1, 6, 6)), jnp.float32)
+    y = jnp.arange(8) % 3
+    with pytest.raises(ValueError, match=r"last_layer: the last layer with weights .* is a conv layer \(head.K\)"):
+        pst.laplace(fn, params, (X, y), Categorical(), subset_of_weights="last_layer")
+    post = pst.laplace(fn, params, (X, y), Categorical(), subset_of_weights=pst.weights.leaves(params, "head"))
+    assert post.weights.leaves == (1,)  # the convolution's kernel, named
