@@ -381,3 +381,22 @@ def test_an_eager_cg_solve_compiles_its_loop_once():
     assert compiled == []
     assert bool(sol.converged)
     assert_close(sol.value, np.linalg.solve(M, np.asarray(c)), rtol=1e-6)
+
+
+def test_cg_reports_converged_only_when_the_true_residual_meets_the_tolerance():
+    """In float32 at condition number 1e4 the recursive residual meets rtol = 1e-5 while the true residual stalls
+    ~25x above it: CG stops there, and must say it did not converge (a mutant that trusted the recursion
+    reported converged)."""
+    rng = np.random.default_rng(0)
+    n = 100
+    Q = np.linalg.qr(rng.standard_normal((n, n)))[0]
+    M = (Q * np.logspace(0, 4, n)) @ Q.T
+    A = lo.Dense(jnp.asarray(M, jnp.float32), tags={"psd"})
+    b = rng.standard_normal(n).astype(np.float32)
+    sol = lo.solve(A, jnp.asarray(b), method="cg", rtol=1e-5, maxiter=2000)
+    true = np.linalg.norm(b - M @ np.asarray(sol.value, np.float64))
+    threshold = 1e-5 * np.linalg.norm(b)
+    assert int(sol.num_steps) < 2000  # stopped by the recursion, not by the cap
+    assert true > 10 * threshold  # the true residual did not follow it
+    assert not bool(sol.converged)
+    assert_close(float(sol.residual_norm), true, rtol=1e-3)
