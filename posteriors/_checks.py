@@ -75,18 +75,25 @@ def check_targets(fn, params, data, likelihood, who: str) -> None:
     classes, a negative label, an ``(N,)`` target for a two-output model are refused). Reads shapes only
     (`jax.eval_shape`): no program is compiled."""
     inputs, targets = data
+    num_examples, num_outputs = model_outputs(fn, params, inputs, who)
+    likelihood.check(num_outputs, targets, num_examples, who)
+
+
+def model_outputs(fn, params, inputs, who: str) -> tuple[int, int]:
+    """``(N, O)``: the number of examples in ``inputs`` (at least one) and of the model's outputs for one, read
+    from shapes alone (`jax.eval_shape`), with a clear error for inputs or a model that do not fit."""
     leaves = jax.tree_util.tree_leaves(inputs)
     if not leaves or any(jnp.ndim(a) == 0 for a in leaves):
         raise ValueError(f"{who}: the inputs must be a batch (N, ...) of examples, got "
                          f"{[jnp.shape(a) for a in leaves]}")
     num_examples = jnp.shape(leaves[0])[0]
     if num_examples == 0:
-        raise ValueError(f"{who}: the data hold no example (N = 0)")
+        raise ValueError(f"{who}: the inputs hold no example (N = 0)")
     try:
         out = jax.eval_shape(fn, params, example_spec(inputs))
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{who}: the model fails on one input of the data ({e})") from e
+        raise ValueError(f"{who}: the model fails on one input ({e})") from e
     if len(getattr(out, "shape", ())) != 1:
         raise ValueError(f"{who}: fn(params, x) must return a 1-D vector of outputs for one example, got shape "
                          f"{getattr(out, 'shape', type(out).__name__)}")
-    likelihood.check(out.shape[0], targets, num_examples, who)
+    return num_examples, out.shape[0]

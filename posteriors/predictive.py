@@ -27,8 +27,9 @@ import numpy as np
 
 from linops.likelihoods import Bernoulli, Categorical, Gaussian
 from linops.memory import check_fits
-from linops.models import example_spec, ravel, unravel_of
+from linops.models import ravel, unravel_of
 from linops.runtime import batched_map, program
+from posteriors._checks import model_outputs
 from posteriors.ensemble import DeepEnsemble
 from posteriors.gaussian import AbstractLowRankPosterior, GaussianPosterior
 from posteriors.laplace_family import LaplacePosterior
@@ -446,12 +447,7 @@ def _checked_nll_targets(post, inputs, targets, lik):
     """``targets`` for `nll`, refused before any work unless they match the model's outputs: ``(M, O)`` real values
     for a Gaussian likelihood (no broadcasting), ``(M,)`` or ``(M, 1)`` zeros and ones for one output (a Bernoulli
     logit, returned as ``(M, 1)``), else ``(M,)`` integer labels in ``[0, O)``."""
-    leaves = jax.tree_util.tree_leaves(inputs)
-    if not leaves or any(jnp.ndim(a) == 0 for a in leaves):
-        raise ValueError(f"nll: inputs must be a batch (M, ...) of examples, got {[jnp.shape(a) for a in leaves]}")
-    M = jnp.shape(leaves[0])[0]
-    out = jax.eval_shape(post.fn, post.params, example_spec(inputs))
-    K = out.shape[0] if len(out.shape) == 1 else None
+    M, K = model_outputs(post.fn, post.params, inputs, "nll")
     targets = jnp.asarray(targets)
     if isinstance(lik, Gaussian):
         if targets.shape != (M, K) or not jnp.issubdtype(targets.dtype, jnp.number):
@@ -470,7 +466,7 @@ def _checked_nll_targets(post, inputs, targets, lik):
     if not jnp.issubdtype(targets.dtype, jnp.integer) or targets.shape != (M,):
         raise ValueError(f"nll: classification needs integer labels of shape ({M},), one per input, got "
                          f"{targets.dtype}{targets.shape}")
-    if concrete and M:
+    if concrete:
         low, high = int(np.min(np.asarray(targets))), int(np.max(np.asarray(targets)))
         if low < 0 or high >= K:
             raise ValueError(f"nll: labels must lie in [0, {K}) for a model with {K} outputs, got labels from "
