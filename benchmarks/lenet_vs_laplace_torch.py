@@ -37,13 +37,13 @@ Run:  python benchmarks/lenet_vs_laplace_torch.py                  # about 6-10 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
 import time
 import warnings
 
 import _harness as H
+import _processes as procs
 import numpy as np
 
 STRUCTURES = {"diag": ("all", "diag"), "kfac": ("all", "kron"), "last_layer": ("last_layer", "full")}
@@ -277,26 +277,25 @@ def theirs(structure, cfg, backends=("BackPackGGN", "CurvlinopsGGN")):
     return out
 
 
-def child(library, structure, cfg_json):
-    cfg = json.loads(cfg_json)
+def child(task, rec):
+    """One library's fit in a fresh process (`procs.in_child`): its measurements, recorded as ``result``."""
+    library, structure, cfg = task["library"], task["structure"], task["cfg"]
     if library == "ours":
         result = ours(structure, cfg)
     else:
         result = theirs(structure, cfg, *([("CurvlinopsGGN",)] if library == "torch-curvlinops" else []))
-    print("RESULT " + json.dumps(result))
+    rec("result", result)
 
 
 def spawn(library, structure, cfg, log):
-    t = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--child", library, structure, json.dumps(cfg)],
-                          capture_output=True, text=True, timeout=cfg["timeout_s"])
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        log(f"  {library}/{structure} failed (exit status {proc.returncode}):\n{proc.stderr[-2000:]}")
-        return {"error": proc.stderr[-2000:], "returncode": proc.returncode}
-    r = json.loads(lines[-1][len("RESULT "):])
-    r["process_s"] = time.perf_counter() - t
-    return r
+    """`child` in a spawned process bounded by ``cfg["timeout_s"]``: its result with ``process_s`` (the whole
+    process: start, imports, the calls), or ``{"error": ...}``."""
+    out = procs.in_child(child, {"library": library, "structure": structure, "cfg": cfg}, cfg["timeout_s"], log)
+    if "result" not in out:
+        error = out.get("error") or out.get("run", {}).get("error") or "the child recorded no result"
+        log(f"  {library}/{structure} failed: {error[-2000:]}")
+        return {"error": error[-2000:]}
+    return {**out["result"], "process_s": out["wall_s"]}
 
 
 def laplace_torch_available():
@@ -402,8 +401,6 @@ def markdown(report):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--child":
-        return child(*argv[1:4])
     run = H.Run(__file__, __doc__, argv, model=(str, "lenet5 (default) or resnet"))
     model = run.args.model or "lenet5"
     if model not in ("lenet5", "resnet"):

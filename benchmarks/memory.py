@@ -38,7 +38,7 @@ def _child(case, n, queue):
         import jax
         import jax.numpy as jnp
         import numpy as np
-        from vs_laplace_torch import PeakRSS
+        from _processes import PeakRSS
 
         import posteriors as pst
         from linops.likelihoods import Categorical

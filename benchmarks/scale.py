@@ -32,23 +32,16 @@ Run:  python benchmarks/scale.py              # full run (about 40 minutes on 2 
 
 from __future__ import annotations
 
-import json
-import multiprocessing
 import re
-import sys
-import tempfile
 import time
-import traceback
 import warnings
-from pathlib import Path
 
 import _harness as H
+import _processes as procs
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from vs_laplace_torch import PeakRSS
 
 import linops as lo
 import posteriors as pst
@@ -56,6 +49,7 @@ from linops.likelihoods import Categorical
 from linops.models import ravel
 from posteriors.experiments import architectures as A
 from posteriors.experiments.methods import LAPLACE_AXES
+from posteriors.experiments.training import train_map
 
 PRIOR = 1.0           # prior precision of every posterior (and the MAP's L2 penalty)
 NUM_CLASSES = 8       # digits 0-7 in distribution; 8 and 9 are the OOD set
@@ -150,38 +144,23 @@ def mean_loss(fn, params, X, y, n_total):
     return nll + 0.5 * PRIOR * sum(jnp.sum(a**2) for a in jax.tree_util.tree_leaves(params)) / n_total
 
 
-def train_map(fn, params, data, tc, log):
-    """Adam on minibatches, whole epochs (one jitted scan each) while they fit in the budget."""
+def map_network(fn, params, data, tc, log):
+    """The MAP by the experiments' `train_map` (Adam on minibatches of the negative log posterior under the
+    posteriors' prior): whole epochs, one jitted chunk each, while they fit in the budget."""
     X, y = jnp.asarray(data["X"]), jnp.asarray(data["y"])
     n, b = X.shape[0], tc["batch"]
-    opt = optax.adam(tc["lr"])
-
-    @jax.jit
-    def epoch(params, state, key):
-        order = jax.random.permutation(key, n)[: (n // b) * b].reshape(-1, b)
-
-        def step(carry, idx):
-            p, s = carry
-            loss, g = jax.value_and_grad(mean_loss, argnums=1)(fn, p, X[idx], y[idx], n)
-            u, s = opt.update(g, s, p)
-            return (optax.apply_updates(p, u), s), loss
-
-        (params, state), losses = jax.lax.scan(step, (params, state), order)
-        return params, state, jnp.mean(losses)
-
-    state, t0, losses, times = opt.init(params), time.perf_counter(), [], []
-    # another epoch only while it should end within the budget (as long as the last one)
-    while len(losses) < tc["epochs"] and (not times or time.perf_counter() - t0 + times[-1] <= tc["budget_s"]):
-        t = time.perf_counter()
-        params, state, loss = epoch(params, state, jax.random.key(len(losses)))
-        losses.append(float(loss))
-        times.append(time.perf_counter() - t)
-    seconds = time.perf_counter() - t0
+    per_epoch = n // b
+    params, record = train_map(fn, params, X, y, Categorical(), PRIOR, steps=tc["epochs"] * per_epoch,
+                               learning_rate=tc["lr"], key=jax.random.key(0), batch_size=b, chunks=tc["epochs"],
+                               budget_s=tc["budget_s"])
+    epochs = record["steps"] // per_epoch
+    # the objective sums the likelihood over all N examples: / N, the mean loss of `mean_loss`
+    losses = (record["objectives"].reshape(epochs, per_epoch).mean(axis=1) / n).tolist()
     logits = jax.jit(H.batched(fn))(params, jnp.asarray(data["T"]))
     acc = float(jnp.mean(jnp.argmax(logits, -1) == jnp.asarray(data["t"])))
-    log(f"  MAP: {len(losses)} epochs in {seconds:.0f} s, loss {losses[-1]:.3f}, test accuracy {acc:.3f}")
-    return params, {"epochs": len(losses), "seconds": seconds, "epoch_seconds": times, "epoch_losses": losses,
-                    "test_accuracy": acc, "lr": tc["lr"],
+    log(f"  MAP: {epochs} epochs in {record['seconds']:.0f} s, loss {losses[-1]:.3f}, test accuracy {acc:.3f}")
+    return params, {"epochs": epochs, "seconds": record["seconds"], "epoch_seconds": record["chunk_seconds"],
+                    "epoch_losses": losses, "test_accuracy": acc, "lr": tc["lr"],
                     "optimizer": f"adam(lr={tc['lr']}), batches of {b}, + α/(2N)||θ||² with α = {PRIOR}"}
 
 
@@ -203,31 +182,6 @@ def epoch_seconds(fn, params, data, batch):
 
 
 # --- child processes: a time budget per piece, and a record that survives a kill --------
-
-
-class Recorder:
-    """What a child process measures, appended to a JSON-lines file as it goes (a killed child leaves what
-    it had recorded). ``self(path, value)`` sets ``path`` ("a/b/c"); ``add`` appends to a list there."""
-
-    def __init__(self, path):
-        self.fh, self.t0, self.context = open(path, "a"), time.perf_counter(), "run"  # noqa: SIM115
-
-    def _write(self, op, path, value):
-        self.fh.write(json.dumps({"op": op, "path": path, "value": value}, default=_plain) + "\n")
-        self.fh.flush()
-
-    def __call__(self, path, value):
-        self._write("set", path, value)
-
-    def add(self, path, value):
-        self._write("add", path, value)
-
-    def elapsed(self):
-        return time.perf_counter() - self.t0
-
-
-def _plain(x):
-    return x.tolist() if hasattr(x, "tolist") else str(x)
 
 
 _STEP = re.compile(r"AlternatingProjectionOp: (\d+) vectors?, sweep (\d+), (?:residual|change) (\S+)")
@@ -260,68 +214,9 @@ class ProgressLog:
         return self.stream.isatty()
 
 
-def _child(job, task, path):
-    rec = Recorder(path)
-    sys.stderr = ProgressLog(sys.stderr, rec)
-    try:
-        JOBS[job](task, rec)
-    except BaseException as e:  # noqa: BLE001 - recorded for the parent, which goes on
-        rec(f"{rec.context}/error", _error(e))
-        raise
-
-
-def _error(e):
-    return f"{type(e).__name__}: {e}"[:2000] + "\n" + "".join(traceback.format_tb(e.__traceback__)[-3:])[-1500:]
-
-
-def _merge(events):
-    out = {}
-    for ev in events:
-        *parents, last = ev["path"].split("/")
-        node = out
-        for k in parents:
-            node = node.setdefault(k, {})
-        if ev["op"] == "set":
-            node[last] = ev["value"]
-        else:
-            node.setdefault(last, []).append(ev["value"])
-    return out
-
-
 def in_child(job, task, budget_s, log):
-    """Run ``JOBS[job](task, rec)`` in a fresh process (spawned: no JAX state shared) for at most
-    ``budget_s`` seconds: its record, with ``wall_s`` and, where it failed or was stopped, ``error``."""
-    ctx = multiprocessing.get_context("spawn")
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "record.jsonl"
-        path.touch()
-        proc = ctx.Process(target=_child, args=(job, task, str(path)), daemon=True)
-        t0 = time.perf_counter()
-        proc.start()
-        proc.join(max(budget_s, 1.0))
-        stopped = proc.is_alive()
-        if stopped:
-            proc.terminate()
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        wall = time.perf_counter() - t0
-        lines = path.read_text().splitlines()
-    out = _merge(json.loads(line) for line in lines if line.strip())
-    out["wall_s"], out["budget_s"] = wall, budget_s
-    if stopped:
-        out["error"] = f"stopped: did not finish within its time budget of {budget_s:.0f} s"
-    elif proc.exitcode != 0 and not _has_error(out):
-        out["error"] = f"the child process ended with status {proc.exitcode}" + (
-            " (killed by a signal: out of memory?)" if proc.exitcode < 0 else "")
-    if out.get("error"):
-        log(f"    {job}: {out['error'].splitlines()[0][:160]}")
-    return out
-
-
-def _has_error(d):
-    return isinstance(d, dict) and ("error" in d or any(_has_error(v) for v in d.values()))
+    """`procs.in_child` with the projections' progress lines recorded (`ProgressLog`)."""
+    return procs.in_child(JOBS[job], task, budget_s, log, stderr=ProgressLog)
 
 
 # --- what a child measures ---------------------------------------------------------------
@@ -335,7 +230,7 @@ def measure(peak, thunk, jax_call=True):
         (out, comp), seconds, above = peak.call(lambda: H.first_call(thunk), block=False)
     else:
         out, seconds, above = peak.call(thunk, block=False)
-    return out, {"s": seconds, "peak_above_start_bytes": above, "vmhwm_bytes": PeakRSS._field("VmHWM"),
+    return out, {"s": seconds, "peak_above_start_bytes": above, "vmhwm_bytes": procs.PeakRSS._field("VmHWM"),
                  "xla_compile_s": comp.get("xla_compile_s"), "n_xla_compiles": comp.get("n_xla_compiles")}
 
 
@@ -404,7 +299,7 @@ def entropy_of(mean, var):
 def job_posteriors(task, rec):
     """(1): each of ``task["posteriors"]`` on one model: fit, predictive on the test and OOD images."""
     fn, params, d = _setup(task)
-    o, peak = task["opts"], PeakRSS()
+    o, peak = task["opts"], procs.PeakRSS()
     rec("run/num_params", int(ravel(params)[0].shape[0]))
     for name in task["posteriors"]:
         rec.context = f"{name}/log_fit"
@@ -435,13 +330,13 @@ def job_posteriors(task, rec):
                 rec(f"{name}/quality/ood_auroc_entropy", float(pst.metrics.auroc(h_in, entropy_of(mean_o, var_o)[0])))
             del post
         except Exception as e:  # noqa: BLE001 - recorded; the next posterior runs
-            rec(f"{name}/error", _error(e))
+            rec(f"{name}/error", procs.error_text(e))
 
 
 def job_block(task, rec):
     """(2a): one operator; ``project_samples`` on a block of 1 and of k vectors, a fixed number of plain sweeps."""
     fn, params, d = _setup(task)
-    o, peak = task["opts"], PeakRSS()
+    o, peak = task["opts"], procs.PeakRSS()
     rec.context = "log_setup"
     op, m = measure(peak, lambda: lo.AlternatingProjectionOp.from_jacobian(
         fn, params, d["X"], batch_size=o["proj_batch"], method="plain", rtol=0.0, max_sweeps=o["block_sweeps"]))
@@ -465,7 +360,7 @@ def job_goal_posterior(task, rec):
     (``projected_posterior`` with a fixed prior: the set-up alone), the optimal prior precision from the trace
     probes (``optimal_prior_precision``: what ``prior_precision="optimal"`` runs), the predictive from samples."""
     fn, params, d = _setup(task)
-    o, peak = task["opts"], PeakRSS()
+    o, peak = task["opts"], procs.PeakRSS()
     rec.context = "log_setup"
     post, m = measure(peak, lambda: pst.projected_posterior(
         fn, params, (d["X"], d["y"]), batch_size=o["proj_batch"], prior_precision=PRIOR, rtol=o["rtol"],
@@ -489,7 +384,7 @@ def job_goal_posterior(task, rec):
 def job_scaling(task, rec):
     """(3): the fits of ``SCALING`` on one width of LeNet-5; the projections as set-up + fixed plain sweeps."""
     fn, params, d = _setup(task)
-    o, peak = task["opts"], PeakRSS()
+    o, peak = task["opts"], procs.PeakRSS()
     P = int(ravel(params)[0].shape[0])
     rec("num_params", P)
     v = jax.random.normal(jax.random.key(0), (P, 1))
@@ -512,7 +407,7 @@ def job_scaling(task, rec):
                 if m["s"] > o["second_max_s"]:
                     break
         except Exception as e:  # noqa: BLE001
-            rec(f"{name}/error", _error(e))
+            rec(f"{name}/error", procs.error_text(e))
 
 
 def _sum_entries(a, b):
@@ -564,7 +459,7 @@ def job_torch(task, rec):
     rec("versions", {k: version(k) for k in ("torch", "laplace-torch", "backpack-for-pytorch",
                                              "curvlinops-for-pytorch")} | {"threads": torch.get_num_threads()})
     fn, params, d = _setup(task)
-    o, peak = task["opts"], PeakRSS()
+    o, peak = task["opts"], procs.PeakRSS()
     net = torch_lenet(torch, params)
     X, y, T = (torch.from_numpy(np.asarray(d[k])) for k in ("X", "y", "T"))
     keep = task["keep"]
@@ -593,7 +488,7 @@ def job_torch(task, rec):
             try:
                 la, m = measure(peak, fit_once, jax_call=False)
             except Exception as e:  # noqa: BLE001
-                rec.add(f"{name}/backend_errors", f"{backend.__name__}: {_error(e)}")
+                rec.add(f"{name}/backend_errors", f"{backend.__name__}: {procs.error_text(e)}")
                 continue
             rec(f"{name}/backend", backend.__name__)
             rec(f"{name}/fit_first", m)
@@ -604,7 +499,7 @@ def job_torch(task, rec):
                 if task["ours"].get(name) is not None:
                     rec(f"{name}/variance_rel_err", H.rel_err(var[:keep].detach().numpy(), task["ours"][name]))
             except Exception as e:  # noqa: BLE001
-                rec(f"{name}/error", _error(e))
+                rec(f"{name}/error", procs.error_text(e))
             break
 
 
@@ -1078,7 +973,7 @@ def main(argv=None):
             fn, params = build(cfg, name)
             P = int(ravel(params)[0].shape[0])
             run.log(f"{label}: P = {P:,}")
-            params, info = train_map(fn, params, data[name], cfg["train"] | cfg["train_kw"].get(name, {}), run.log)
+            params, info = map_network(fn, params, data[name], cfg["train"] | cfg["train_kw"].get(name, {}), run.log)
             # An epoch: one forward + backward pass over the training set, in the training's batches: its epochs
             # after the first (which compiles), the fastest; measured apart where it ran one.
             later = info["epoch_seconds"][1:]
@@ -1091,7 +986,7 @@ def main(argv=None):
         "n_train": int(d["X"].shape[0]), "n_test": int(d["T"].shape[0]), "n_ood": int(d["O"].shape[0]),
         "image_size": cfg["image_size"]}, "prior_precision": PRIOR}
     report["models"] = {k: {kk: vv for kk, vv in m.items() if kk != "leaves"} for k, m in models.items()}
-    machine = {"peak RSS measurable": PeakRSS().ok}
+    machine = {"peak RSS measurable": procs.PeakRSS().ok}
     steps = {"table": lambda: part_table(cfg, data, models, in_table, run.log),
              "goal": lambda: part_goal(cfg, data, models, models["lenet5"]["map"]["epoch_s"], run.log),
              "scaling": lambda: part_scaling(cfg, data, run.log),

@@ -20,12 +20,12 @@ Run:  python benchmarks/vs_laplace_torch.py              # full run (about 10-12
 
 from __future__ import annotations
 
-import gc
 import math
 import time
 import warnings
 
 import _harness as H
+import _processes as procs
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -178,52 +178,6 @@ def predict_fn(post, T):
 
 
 # --- peak resident memory ------------------------------------------------------------------
-
-
-class PeakRSS:
-    """Time a call and measure the process's peak resident memory during it above the resident
-    memory before it: ``VmHWM`` (reset by writing 5 to ``/proc/self/clear_refs``) minus ``VmRSS``.
-
-    Linux only; elsewhere (or where the reset is refused) the memory is None. It sees every
-    allocation of the process (XLA's and PyTorch's alike) that is touched, not only the arrays.
-    """
-
-    def __init__(self):
-        self.ok = self._reset() and self._field("VmHWM") is not None
-
-    @staticmethod
-    def _field(name):
-        try:
-            with open("/proc/self/status") as fh:
-                for line in fh:
-                    if line.startswith(name + ":"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            return None
-        return None
-
-    @staticmethod
-    def _reset():
-        try:
-            with open("/proc/self/clear_refs", "w") as fh:
-                fh.write("5")
-            return True
-        except OSError:
-            return False
-
-    def call(self, fn, block=True):
-        """``(output, seconds, peak bytes above the start or None)``."""
-        gc.collect()
-        before = None
-        if self.ok and self._reset():
-            before = self._field("VmRSS")
-        t0 = time.perf_counter()
-        out = fn()
-        if block:
-            out = jax.block_until_ready(out)
-        seconds = time.perf_counter() - t0
-        peak = self._field("VmHWM") if before is not None else None
-        return out, seconds, (None if peak is None else max(0, peak - before))
 
 
 def full_118k_refusal(sizes, n_train, log):
@@ -642,7 +596,7 @@ def main(argv=None):
     tinfo = {"available": torch is not None, "reason": reason,
              "versions": torch_versions(torch) if torch is not None else None}
     run.log(f"laplace-torch: {tinfo['versions'] if torch is not None else reason}")
-    peak = PeakRSS()
+    peak = procs.PeakRSS()
     if not peak.ok:
         run.log("peak RSS: /proc/self/clear_refs not available, memory per call not measured")
     cases = [run_case(c, torch=torch, laplace=laplace, torch_reason=reason, peak=peak, budget_s=cfg["budget_s"],

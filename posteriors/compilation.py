@@ -23,9 +23,8 @@ def use_compilation_cache(directory=DEFAULT_CACHE) -> Path | None:
 
     JAX keys a program that calls back to the host by the callback's address in this process, so such a
     program is never read back by another process: a progress bar is such a callback. Pass
-    ``progress=False`` to the fits and predictives whose programs should be cached between runs (measured
-    on LeNet-5, `benchmarks/lenet_vs_laplace_torch.py`: with the default progress bars a filled cache left
-    the first diag fit and predictive as slow as without one, 0.40x against 0.39x laplace-torch).
+    ``progress=False`` to the fits and predictives whose programs should be cached between runs (the
+    speed guide, "Between processes", has the measurement).
 
     Examples:
         >>> import posteriors as pst

@@ -152,8 +152,8 @@ def deep_ensemble(fn, init: Callable, data, likelihood: Likelihood, *, key: jax.
     key, minimising the mean negative log-likelihood plus $\tfrac{\alpha}{2N}\|\theta\|^2$ (weight decay
     $\alpha/N$). All members train in one program: vectorised over the members, except on CPU for a network
     with convolutions, where they train one after another (a convolution vectorised over the members' weights
-    becomes a grouped convolution, which XLA's CPU backend runs 2.7x slower than the members in turn on
-    LeNet-5). The members are the same either way, up to rounding.
+    becomes a grouped convolution, which XLA's CPU backend runs slower than the members in turn: see "SWAG and
+    deep ensembles" in the docs). The members are the same either way, up to rounding.
 
     Args:
         fn: the per-example model ``fn(params, x) -> (O,)``.

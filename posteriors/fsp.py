@@ -129,10 +129,10 @@ def rkhs_norm(fn, params, prior, context_points, *, jitter: float = 1e-4) -> jax
     context points, as if the prior had white noise of that variance. It is a modelling
     choice more than a numerical one: a smooth or periodic kernel's Gram is numerically low
     rank, and a jitter near the dtype's rounding level makes every component of $f(C)$ outside
-    its span cost $\|r_\perp\|^2/\epsilon$, which training then struggles with (measured: a
-    periodic prior's extrapolation needed far more steps with $\sqrt{\text{eps}_{64}}$ than with
-    the default $10^{-4}$). The default does not depend on the dtype. A Cholesky of the dense
-    ``(n_C O) x (n_C O)`` Gram: keep the number of training context points modest.
+    its span cost $\|r_\perp\|^2/\epsilon$, which training then struggles with (the FSP-Laplace page of
+    the docs, "Relative jitter in training", has the measurement). The default does not depend on the
+    dtype. A Cholesky of the dense ``(n_C O) x (n_C O)`` Gram: keep the number of training context points
+    modest.
 
     Examples:
         >>> import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""Shared pieces of the experiments: MAP training with optax, progress, tables, figures."""
+"""Shared pieces of the experiments: progress, tables, figures (training: `posteriors.experiments.training`)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,9 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
-from linops.models import ravel
-from linops.runtime import canonical_convolutions, update
+from linops.runtime import update
 from posteriors.experiments.methods import METHODS
 
 
@@ -41,48 +38,6 @@ class Log:
         terminal and in notebooks, a few lines in a log), ``extra`` beside it; closed at ``total``."""
         if not self.quiet:
             update(f"  {label}", "step", done, total, extra)
-
-
-def train_map(fn, params, X, Y, likelihood, prior_precision, *, steps, learning_rate, key, batch_size=None,
-              log: Log | None = None, label="training", chunks: int = 10):
-    """Adam on the negative log posterior (likelihood + Gaussian prior), jitted scans with a progress bar.
-
-    Minibatches are drawn without replacement from every example (``batch_size`` of ``None``: full batch);
-    the loss is the minibatch likelihood scaled to the whole data set plus the prior term.
-    """
-    flat, unravel = ravel(params)
-    n = X.shape[0]
-    batch_size = n if batch_size is None else min(batch_size, n)
-    opt = optax.adam(learning_rate)
-
-    def loss(theta, idx):
-        out = jax.vmap(fn, in_axes=(None, 0))(unravel(theta), X[idx])
-        nll = jnp.sum(jax.vmap(likelihood.nll)(out, Y[idx])) * (n / idx.shape[0])
-        return nll + 0.5 * jnp.sum(prior_precision * theta**2)
-
-    @jax.jit
-    def run(theta, state, keys):
-        def step(carry, k):
-            th, st = carry
-            idx = jax.random.choice(k, n, (batch_size,), replace=False) if batch_size < n else jnp.arange(n)
-            value, grads = jax.value_and_grad(loss)(th, idx)
-            updates, st = opt.update(grads, st, th)
-            return (optax.apply_updates(th, updates), st), value
-
-        (theta, state), values = jax.lax.scan(canonical_convolutions(step), (theta, state), keys)
-        return theta, state, values
-
-    state = opt.init(flat)
-    keys = jax.random.split(key, steps)
-    bounds = np.linspace(0, steps, chunks + 1).astype(int)
-    # equal chunks compile once; the remainder (if any) once more
-    for i in range(chunks):
-        if bounds[i + 1] == bounds[i]:
-            continue
-        flat, state, values = run(flat, state, keys[bounds[i]:bounds[i + 1]])
-        if log is not None:
-            log.bar(label, int(bounds[i + 1]), steps, f"loss {float(values[-1]):.4g}")
-    return unravel(flat)
 
 
 def write_table(out: Path, name: str, title: str, columns: list[tuple[str, str]], rows: dict[str, dict],

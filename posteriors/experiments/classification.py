@@ -41,11 +41,12 @@ from linops.kernels import RBF
 from linops.likelihoods import Categorical
 from linops.memory import MemoryBudgetError
 from linops.models import from_equinox, ravel
-from linops.runtime import canonical_convolutions
 from posteriors import data as pdata
 from posteriors import metrics
-from posteriors.experiments._common import Log, check_methods, pyplot, train_map, write_table
+from posteriors.experiments import training
+from posteriors.experiments._common import Log, check_methods, pyplot, write_table
 from posteriors.experiments.methods import CLASSIFICATION_METHODS, DEFAULT_METHODS, LABELS, LAPLACE_AXES
+from posteriors.experiments.training import train_map
 
 ARCHITECTURES = ("mlp", "lenet5", "resnet")
 """The networks `Config.architecture` names: a tanh MLP, the classic LeNet-5 (ReLU, 61,706 parameters on
@@ -199,41 +200,14 @@ def fit(method: str, fn, params, train, cfg: Config, log: Log, init=None):
         kernel = RBF(float(jnp.median(dist[jnp.triu_indices(len(sub), 1)])), 10.0)  # median distance; logit var 10
         objective = pst.fsp_objective(fn, kernel, lik, num_data=X.shape[0],
                                       context=lambda k: pst.context.from_data(k, X, cfg.fsp_context))
-        fsp_params = _train_fsp(objective, params, train, cfg, log)
+        # FSP trains its own network (the RKHS norm replaces the weight prior), from the MAP's initialisation
+        fsp_params, _ = training.train(objective, params, train, steps=cfg.fsp_steps, learning_rate=cfg.learning_rate,
+                                       key=jax.random.key(cfg.seed + 3), batch_size=cfg.batch_size, chunks=5,
+                                       log=log, label="FSP training")
         context = pst.context.from_data(jax.random.key(cfg.seed + 5), X, cfg.fsp_context)
         return pst.fsp_laplace(fn, fsp_params, train, kernel, context, likelihood=lik, batch_size=256, progress=bars,
                                context_batch_size=50)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(CLASSIFICATION_METHODS)}")
-
-
-def _train_fsp(objective, init, train, cfg, log):
-    """FSP trains its own network (the RKHS norm replaces the weight prior), from the MAP's initialisation."""
-    import optax
-
-    X, Y = train
-    n = X.shape[0]
-    opt = optax.adam(cfg.learning_rate)
-    batch = min(cfg.batch_size, n)
-
-    @jax.jit
-    def run(p, state, keys):
-        def step(carry, k):
-            p, st = carry
-            k1, k2 = jax.random.split(k)
-            idx = jax.random.choice(k1, n, (batch,), replace=False)
-            value, g = jax.value_and_grad(objective)(p, (X[idx], Y[idx]), k2)
-            updates, st = opt.update(g, st, p)
-            return (optax.apply_updates(p, updates), st), value
-
-        (p, state), values = jax.lax.scan(canonical_convolutions(step), (p, state), keys)
-        return p, state, values
-
-    params, state = init, opt.init(init)
-    keys = jax.random.split(jax.random.key(cfg.seed + 3), cfg.fsp_steps)
-    for chunk in np.array_split(np.arange(cfg.fsp_steps), 5):
-        params, state, values = run(params, state, keys[chunk])
-        log.bar("FSP training", int(chunk[-1]) + 1, cfg.fsp_steps, f"objective {float(values[-1]):.4g}")
-    return params
 
 
 @dataclasses.dataclass
@@ -338,7 +312,7 @@ def run(cfg: Config, out: Path, log: Log, *, name: str = "classification", shift
     fn, params = build_model(cfg, side, K, jax.random.key(cfg.seed + 1))
     init = lambda k: build_model(cfg, side, K, k)[1]  # noqa: E731  (the ensemble's members)
     t0 = time.perf_counter()
-    params = train_map(fn, params, X, y, Categorical(), cfg.prior_precision, steps=cfg.steps,
+    params, _ = train_map(fn, params, X, y, Categorical(), cfg.prior_precision, steps=cfg.steps,
                        learning_rate=cfg.learning_rate, key=jax.random.key(cfg.seed + 2), batch_size=cfg.batch_size,
                        log=log, label="MAP training")
     train_s = time.perf_counter() - t0

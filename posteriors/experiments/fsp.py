@@ -25,46 +25,14 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import posteriors as pst
 from linops.kernels import RBF, Matern12, Matern52, Periodic, RationalQuadratic, fit_gp
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import from_equinox
-from linops.runtime import canonical_convolutions
 from posteriors import data as pdata
-from posteriors.experiments._common import pyplot, train_map, write_table
-
-
-def train(fn, params, objective, data, *, steps, learning_rate, key, log=None, label="FSP training", chunks=5):
-    """Adam on ``objective(params, data, key)``, fresh context points each step, jitted scans; ``(params, history)``."""
-    opt = optax.adam(learning_rate)
-
-    @jax.jit
-    def run(params, state, keys):
-        def step(carry, k):
-            p, st = carry
-            value, grads = jax.value_and_grad(objective)(p, data, k)
-            updates, st = opt.update(grads, st, p)
-            return (optax.apply_updates(p, updates), st), value
-
-        (p, st), history = jax.lax.scan(canonical_convolutions(step), (params, state), keys)
-        return p, st, history
-
-    state, keys, history = opt.init(params), jax.random.split(key, steps), []
-    for chunk in np.array_split(np.arange(steps), chunks):
-        if chunk.size == 0:
-            continue
-        params, state, h = run(params, state, keys[chunk])
-        history.append(h)
-        if log is not None and hasattr(log, "bar"):
-            log.bar(label, int(chunk[-1]) + 1, steps, f"objective {float(h[-1]):.4g}")
-    return params, jnp.concatenate(history)
-
-
-def train_fsp(fn, params, objective, data, *, steps, learning_rate, key, log=None):
-    """`train`'s parameters alone."""
-    return train(fn, params, objective, data, steps=steps, learning_rate=learning_rate, key=key, log=log)[0]
+from posteriors.experiments._common import pyplot, write_table
+from posteriors.experiments.training import train, train_map
 
 
 def gp_prior_samples(kernel, grid, key, n):
@@ -92,8 +60,8 @@ def regression(out, quick, log):
         fn, params = from_equinox(eqx.nn.MLP(1, 1, 50, 2, activation=jnp.tanh, key=jax.random.key(1)))
         objective = pst.fsp_objective(fn, kernel, Gaussian(0.1), num_data=n,
                                       context=lambda k: pst.context.uniform(k, X, 100))
-        params, history = train(fn, params, objective, (X, Y), steps=steps, learning_rate=3e-3,
-                                key=jax.random.key(2), log=log)
+        params, record = train(objective, params, (X, Y), steps=steps, learning_rate=3e-3, key=jax.random.key(2),
+                               chunks=5, log=log, label="FSP training")
         t1 = time.perf_counter()
         post = pst.fsp_laplace(fn, params, (X, Y), kernel, context, likelihood=Gaussian(0.1), progress=not log.quiet)
         mean, var = post.predictive(grid)
@@ -104,7 +72,8 @@ def regression(out, quick, log):
         gap = jnp.abs(grid[:, 0]) < 0.35
         summary[name] = {
             "kernel": {k: np.asarray(v).tolist() for k, v in vars(kernel).items() if isinstance(v, jax.Array)},
-            "train_s": round(t1 - t0, 2), "laplace_s": round(t2 - t1, 2), "final_objective": float(history[-1]),
+            "train_s": round(t1 - t0, 2), "laplace_s": round(t2 - t1, 2),
+            "final_objective": float(record["objectives"][-1]),
             "lanczos_steps": int(post.info.lanczos_steps), "rank": int(post.info.rank),
             "truncated": int(post.info.truncated),
             "gap_rmse_to_sin": float(jnp.sqrt(jnp.mean((mean[gap, 0] - jnp.sin(2 * jnp.pi * grid[gap, 0])) ** 2))),
@@ -152,8 +121,8 @@ def two_moons(out, quick, log):
         fn, params = from_equinox(eqx.nn.MLP(2, 2, 100, 2, activation=jnp.tanh, key=jax.random.key(1)))
         objective = pst.fsp_objective(fn, kernel, Categorical(), num_data=X.shape[0],
                                       context=lambda k: pst.context.uniform(k, X, 100))
-        params, history = train(fn, params, objective, (X, Y), steps=steps, learning_rate=3e-3,
-                                key=jax.random.key(2), log=log)
+        params, record = train(objective, params, (X, Y), steps=steps, learning_rate=3e-3, key=jax.random.key(2),
+                               chunks=5, log=log, label="FSP training")
         t1 = time.perf_counter()
         post = pst.fsp_laplace(fn, params, (X, Y), kernel, context, likelihood=Categorical(), context_batch_size=50,
                                progress=not log.quiet)
@@ -239,8 +208,8 @@ def maunaloa_fit(log, *, dtype=jnp.float32, train_fraction: float = 0.7, num_con
                                   context=lambda k: pst.context.uniform(k, box, 100, padding=0.0))
     steps = 6000
     t0 = time.perf_counter()
-    fsp_params, _ = train(fn, params0, objective, (X, Y), steps=steps, learning_rate=3e-3, key=jax.random.key(13),
-                          log=log, label="FSP training")
+    fsp_params, _ = train(objective, params0, (X, Y), steps=steps, learning_rate=3e-3, key=jax.random.key(13),
+                          chunks=5, log=log, label="FSP training")
     return {"t": t, "y": y, "is_train": is_train, "x": x, "X": X, "Y": Y, "Xt": Xt, "mu": mu, "sd": sd,
             "kernel": kernel, "noise": noise, "sigma": sigma, "fn": fn, "params0": params0, "steps": steps,
             "fsp_params": fsp_params, "fsp_train_s": time.perf_counter() - t0,
@@ -297,7 +266,7 @@ def maunaloa(out, quick, log):
     # float64: with the monthly record's small noise (GGN / sigma^2) the float32 precision at prior precision 1
     # is not numerically positive definite.
     t0 = time.perf_counter()
-    map_params = train_map(fn, fit["params0"], X, Y, Gaussian(sigma), 1.0, steps=fit["steps"], learning_rate=3e-3,
+    map_params, _ = train_map(fn, fit["params0"], X, Y, Gaussian(sigma), 1.0, steps=fit["steps"], learning_rate=3e-3,
                            key=jax.random.key(14), log=log, label="MAP training")
     grid = jnp.linspace(float(fit["x"].min()), float(fit["x"].max()), 800)[:, None]
     with jax.enable_x64(True):

@@ -24,8 +24,10 @@ from linops.likelihoods import Gaussian
 from linops.models import from_equinox, ravel
 from posteriors import data as pdata
 from posteriors import metrics
-from posteriors.experiments._common import Log, check_methods, pyplot, train_map, write_table
+from posteriors.experiments import training
+from posteriors.experiments._common import Log, check_methods, pyplot, write_table
 from posteriors.experiments.methods import LABELS, LAPLACE_AXES, METHODS
+from posteriors.experiments.training import train_map
 
 GAP = (-0.6, 0.4)
 
@@ -72,14 +74,12 @@ def _fit(method, fn, params, train, cfg, log):
         return pst.loss_projected_posterior(fn, params, train, lik, batch_size=8, prior_precision=prior,
                                       progress=not log.quiet)
     if method == "fsp":
-        from posteriors.experiments.fsp import train_fsp
-
         X, _ = train
         kernel = RBF(0.5, 1.0)
         objective = pst.fsp_objective(fn, kernel, lik, num_data=X.shape[0],
                                       context=lambda k: pst.context.uniform(k, X, 100))
-        fsp_params = train_fsp(fn, params, objective, train, steps=cfg.fsp_steps, learning_rate=3e-3,
-                               key=jax.random.key(cfg.seed + 3), log=log)
+        fsp_params, _ = training.train(objective, params, train, steps=cfg.fsp_steps, learning_rate=3e-3,
+                                       key=jax.random.key(cfg.seed + 3), chunks=5, log=log, label="FSP training")
         return pst.fsp_laplace(fn, fsp_params, train, kernel, pst.context.grid(X, 100), likelihood=lik,
                                progress=not log.quiet)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
@@ -93,7 +93,7 @@ def run(cfg: Config, out: Path, log: Log, *, name: str = "inbetween") -> dict:
     Xt, Yt = pdata.inbetween(k_test, 200, cfg.noise)
     fn, params = from_equinox(eqx.nn.MLP(1, 1, cfg.width, cfg.depth, activation=jnp.tanh,
                                          key=jax.random.key(cfg.seed + 1)))
-    params = train_map(fn, params, X, Y, Gaussian(cfg.noise), cfg.prior_precision, steps=cfg.steps,
+    params, _ = train_map(fn, params, X, Y, Gaussian(cfg.noise), cfg.prior_precision, steps=cfg.steps,
                        learning_rate=cfg.learning_rate, key=jax.random.key(cfg.seed + 2), log=log,
                        label="MAP training")
     P = int(ravel(params)[0].shape[0])

@@ -37,9 +37,9 @@ import linops as lo
 import posteriors as pst
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import from_equinox, ravel
-from linops.runtime import canonical_convolutions
 from posteriors import data as pdata
-from posteriors.experiments._common import pyplot, train_map
+from posteriors.experiments._common import pyplot
+from posteriors.experiments.training import train, train_map
 
 LAMBDA = 3.0
 FRACTIONS = (0.5, 0.03, 0.01)
@@ -61,31 +61,18 @@ def train_with_learnt_noise(fn, params, X, Y, *, steps: int, key, learning_rate=
     """Appendix D.1's MAP: SGD with momentum and weight decay on the mean Gaussian NLL, the noise's log sigma
     learnt jointly (no weight decay on it). Returns ``(params, sigma)``."""
     flat, unravel = ravel(params)
-    n = X.shape[0]
-    batch = min(batch_size, n)
 
-    def loss(theta, idx):
-        w, log_s = theta
-        f = jax.vmap(fn, in_axes=(None, 0))(unravel(w), X[idx])
-        return jnp.mean(0.5 * jnp.sum((Y[idx] - f) ** 2, axis=-1) * jnp.exp(-2 * log_s) + log_s)
+    def loss(theta, batch, _key):
+        (w, log_s), (x, y) = theta, batch
+        f = jax.vmap(fn, in_axes=(None, 0))(unravel(w), x)
+        return jnp.mean(0.5 * jnp.sum((y - f) ** 2, axis=-1) * jnp.exp(-2 * log_s) + log_s)
 
     opt = optax.chain(optax.masked(optax.add_decayed_weights(weight_decay), (True, False)),
                       optax.sgd(learning_rate, momentum=momentum))
-
-    @jax.jit
-    def run(theta, keys):
-        def step(carry, k):
-            th, st = carry
-            idx = jax.random.choice(k, n, (batch,), replace=False) if batch < n else jnp.arange(n)
-            value, g = jax.value_and_grad(loss)(th, idx)
-            updates, st = opt.update(g, st, th)
-            return (optax.apply_updates(th, updates), st), value
-
-        (theta, _), values = jax.lax.scan(canonical_convolutions(step), (theta, opt.init(theta)), keys)
-        return theta, values
-
     theta0 = (flat, jnp.log(jnp.asarray(0.5, flat.dtype)))
-    (w, log_s), values = run(theta0, jax.random.split(key, steps))
+    (w, log_s), record = train(loss, theta0, (X, Y), steps=steps, optimizer=opt, key=key, batch_size=batch_size,
+                               chunks=1)
+    values = record["objectives"]
     if log is not None:
         log(f"toy regression: SGD MAP, final loss {float(values[-1]):.3f}, learnt noise sigma "
             f"{float(jnp.exp(log_s)):.3f}")
@@ -236,7 +223,7 @@ def rotated_mnist(out, size, log):
     validation = (jnp.asarray(va_x[:, None]), jnp.asarray(va_y))
     fn, params = lenet5(jax.random.key(3), width=1.0, dtype=jnp.float32)  # the images are float32
     steps = {"smoke": 200, "quick": 1000}.get(size, 3000)
-    params = train_map(fn, params, X, y, Categorical(), 1.0, steps=steps, learning_rate=1e-3, key=jax.random.key(4),
+    params, _ = train_map(fn, params, X, y, Categorical(), 1.0, steps=steps, learning_rate=1e-3, key=jax.random.key(4),
                        batch_size=128)
     P = int(ravel(params)[0].shape[0])
     S = 200 if size == "smoke" else 2000  # 3.2% of LeNet-5's weights: 32 MB (the paper: 0.38% of ResNet-18, 7.2 GB)
