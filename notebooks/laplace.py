@@ -37,12 +37,12 @@ import jax
 import jax.numpy as jnp
 import matplotlib
 import numpy as np
+import optax
 
 import linops as lo
 import posteriors as pst
 from linops.likelihoods import Gaussian
 from linops.models import from_equinox, ravel
-from posteriors.experiments.training import train_map
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -58,8 +58,7 @@ FIGURES.mkdir(parents=True, exist_ok=True)
 #
 # Foong et al.'s in-between problem: inputs in two clusters with a gap between them, $y = \sin 3x + \varepsilon$.
 # A 1-50-50-1 tanh MLP is trained to the maximum of the posterior: the Gaussian likelihood plus a Gaussian prior
-# of precision $\alpha$ on every weight, the same prior the Laplace approximation then uses (full-batch Adam,
-# `posteriors.experiments.training.train_map`, the experiments' own training).
+# of precision $\alpha$ on every weight, the same prior the Laplace approximation then uses.
 
 # %%
 NOISE, ALPHA = 0.1, 1.0
@@ -67,10 +66,32 @@ X, Y = pst.data.inbetween(jax.random.key(0), 40 if QUICK else 80, NOISE)
 model = eqx.nn.MLP(1, 1, 50, 2, activation=jnp.tanh, key=jax.random.key(1))
 fn, params = from_equinox(model)  # fn(params, x) -> (1,); params: the model's arrays
 likelihood = Gaussian(NOISE)
-params, record = train_map(fn, params, X, Y, likelihood, ALPHA, steps=1500 if QUICK else 6000, learning_rate=1e-2)
-print(f"{ravel(params)[0].size} parameters, {X.shape[0]} training points")
-objective = record["objectives"]
-print(f"negative log posterior: {objective[0]:.1f} -> {objective[-1]:.1f}")
+theta0, unravel = ravel(params)
+print(f"{theta0.size} parameters, {X.shape[0]} training points")
+
+
+def neg_log_posterior(theta):
+    out = jax.vmap(fn, in_axes=(None, 0))(unravel(theta), X)
+    return jnp.sum(jax.vmap(likelihood.nll)(out, Y)) + 0.5 * ALPHA * jnp.sum(theta**2)
+
+
+@jax.jit
+def train(theta, steps):
+    opt = optax.adam(1e-2)
+
+    def step(carry, _):
+        th, state = carry
+        loss, grad = jax.value_and_grad(neg_log_posterior)(th)
+        updates, state = opt.update(grad, state, th)
+        return (optax.apply_updates(th, updates), state), loss
+
+    (theta, _), losses = jax.lax.scan(step, (theta, opt.init(theta)), steps)
+    return theta, losses
+
+
+theta_map, losses = train(theta0, jnp.arange(1500 if QUICK else 6000))
+params = unravel(theta_map)
+print(f"negative log posterior: {float(losses[0]):.1f} -> {float(losses[-1]):.1f}")
 
 # %% [markdown]
 # ## The Laplace tangent kernel, as an operator

@@ -39,13 +39,13 @@ import jax
 import jax.numpy as jnp
 import matplotlib
 import numpy as np
+import optax
 
 import linops as lo
 import posteriors as pst
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import from_equinox, ravel
 from posteriors import metrics
-from posteriors.experiments.training import train_map
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -55,6 +55,25 @@ QUICK = os.environ.get("LINOPS_NOTEBOOK_QUICK") == "1"
 ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
 FIGURES = Path(os.environ.get("LINOPS_NOTEBOOK_FIGURES", ROOT / "docs" / "figures" / "notebooks"))
 FIGURES.mkdir(parents=True, exist_ok=True)
+
+
+def train_map(fn, params, X, Y, likelihood, alpha, steps, learning_rate=1e-2):
+    """Adam on the negative log posterior (full batch), one jitted scan."""
+    theta, unravel = ravel(params)
+    opt = optax.adam(learning_rate)
+
+    def loss(th):
+        out = jax.vmap(fn, in_axes=(None, 0))(unravel(th), X)
+        return jnp.sum(jax.vmap(likelihood.nll)(out, Y)) + 0.5 * alpha * jnp.sum(th**2)
+
+    def step(carry, _):
+        th, state = carry
+        grads = jax.grad(loss)(th)
+        updates, state = opt.update(grads, state, th)
+        return (optax.apply_updates(th, updates), state), None
+
+    (theta, _), _ = jax.jit(lambda th: jax.lax.scan(step, (th, opt.init(th)), None, length=steps))(theta)
+    return unravel(theta)
 
 
 # %% [markdown]
@@ -67,7 +86,7 @@ FIGURES.mkdir(parents=True, exist_ok=True)
 NOISE, ALPHA = 0.1, 1.0
 X, Y = pst.data.inbetween(jax.random.key(0), 40 if QUICK else 80, NOISE)
 fn, params = from_equinox(eqx.nn.MLP(1, 1, 50, 2, activation=jnp.tanh, key=jax.random.key(1)))
-params, _ = train_map(fn, params, X, Y, Gaussian(NOISE), ALPHA, steps=1500 if QUICK else 6000, learning_rate=1e-2)
+params = train_map(fn, params, X, Y, Gaussian(NOISE), ALPHA, 1500 if QUICK else 6000)
 grid = jnp.linspace(-3.0, 3.0, 200)[:, None]
 x, gap = grid[:, 0], (grid[:, 0] > -0.6) & (grid[:, 0] < 0.4)
 
@@ -207,8 +226,7 @@ ood = {"held-out digits": flat(held_x),
 test = flat(test_x), jnp.asarray(test_y)
 
 clf_fn, clf_params = from_equinox(eqx.nn.MLP(64, 5, 32, 2, activation=jnp.tanh, key=jax.random.key(4)))
-clf_params, _ = train_map(clf_fn, clf_params, *train, Categorical(), 1.0, steps=500 if QUICK else 2000,
-                          learning_rate=3e-3)
+clf_params = train_map(clf_fn, clf_params, *train, Categorical(), 1.0, 500 if QUICK else 2000, 3e-3)
 print(f"{train[0].shape[0]} training digits, {ravel(clf_params)[0].size} parameters")
 
 # %%

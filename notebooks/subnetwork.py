@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 import matplotlib
 import numpy as np
+import optax
 from scipy.linalg import solve_triangular
 
 matplotlib.use("Agg")
@@ -61,7 +62,6 @@ import posteriors as pst  # noqa: E402
 from linops.likelihoods import Categorical, Gaussian  # noqa: E402
 from linops.models import from_equinox, ravel  # noqa: E402
 from posteriors import data as pdata  # noqa: E402
-from posteriors.experiments.training import train_map  # noqa: E402
 
 # CI runs every notebook with LINOPS_NOTEBOOK_QUICK=1 (smaller data, fewer steps) and its figures in a temporary folder.
 QUICK = os.environ.get("LINOPS_NOTEBOOK_QUICK") == "1"
@@ -76,8 +76,8 @@ START = time.perf_counter()
 # Two clusters of 1-D inputs with a gap between them (`pst.data.inbetween`: $y = \sin 3x + \varepsilon$, inputs
 # in $[-1.5, -0.7] \cup [0.5, 1.3]$), and the paper's network: two hidden layers of 50 ReLU units, $P = 2{,}701$
 # weights. It is trained to the MAP of a Gaussian likelihood ($\sigma = 0.1$) and an isotropic Gaussian prior of
-# precision $\lambda = 3$ (appendix D.1), the prior every Laplace posterior below uses, with plain Adam, full batch
-# (`posteriors.experiments.training.train_map`: jitted `lax.scan`s, the experiments' own training).
+# precision $\lambda = 3$ (appendix D.1), the prior every Laplace posterior below uses. The loop is plain Adam,
+# full batch, as a jitted `lax.scan`.
 
 # %%
 SIGMA, LAM = 0.1, 3.0
@@ -85,9 +85,31 @@ X, Y = pdata.inbetween(jax.random.key(0), 80, SIGMA)
 fn, params = from_equinox(eqx.nn.MLP(1, 1, 50, 2, activation=jax.nn.relu, key=jax.random.key(1)))
 likelihood = Gaussian(SIGMA)
 data = (X, Y)
-params, record = train_map(fn, params, X, Y, likelihood, LAM, steps=2000 if QUICK else 6000, learning_rate=1e-2)
-P = ravel(params)[0].size
-losses = record["objectives"]
+theta0, unravel = ravel(params)
+P = theta0.size
+
+
+def neg_log_posterior(theta):
+    out = jax.vmap(fn, in_axes=(None, 0))(unravel(theta), X)
+    return jnp.sum(jax.vmap(likelihood.nll)(out, Y)) + 0.5 * LAM * jnp.sum(theta**2)
+
+
+@jax.jit
+def train(theta, steps):
+    opt = optax.adam(1e-2)
+
+    def step(carry, _):
+        th, state = carry
+        loss, grad = jax.value_and_grad(neg_log_posterior)(th)
+        updates, state = opt.update(grad, state, th)
+        return (optax.apply_updates(th, updates), state), loss
+
+    (theta, _), losses = jax.lax.scan(step, (theta, opt.init(theta)), steps)
+    return theta, losses
+
+
+theta_map, losses = train(theta0, jnp.arange(2000 if QUICK else 6000))
+params = unravel(theta_map)
 print(f"P = {P} weights, N = {X.shape[0]} points; negative log posterior {losses[0]:.1f} -> {losses[-1]:.1f}")
 
 # %% [markdown]
@@ -401,13 +423,33 @@ if QUICK:
                                                             test_images[:300], test_labels[:300])
 Xd, yd = jnp.asarray(train_images.reshape(-1, 64)), jnp.asarray(train_labels)
 dfn, dparams = from_equinox(eqx.nn.MLP(64, 10, 64, 2, activation=jax.nn.relu, key=jax.random.key(4)))
+dtheta, dunravel = ravel(dparams)
 categorical, PRIOR_D, BATCH = Categorical(), 1.0, 128
 
 
-dparams, drecord = train_map(dfn, dparams, Xd, yd, categorical, PRIOR_D, steps=500 if QUICK else 3000,
-                             learning_rate=3e-3, key=jax.random.key(5), batch_size=BATCH)
-dtheta, dunravel = ravel(dparams)
-dlosses = drecord["objectives"]
+def digits_loss(theta, idx):
+    out = jax.vmap(dfn, in_axes=(None, 0))(dunravel(theta), Xd[idx])
+    scale = Xd.shape[0] / idx.shape[0]
+    return scale * jnp.sum(jax.vmap(categorical.nll)(out, yd[idx])) + 0.5 * PRIOR_D * jnp.sum(theta**2)
+
+
+@jax.jit
+def train_digits(theta, keys):
+    opt = optax.adam(3e-3)
+
+    def step(carry, k):
+        th, state = carry
+        idx = jax.random.choice(k, Xd.shape[0], (BATCH,), replace=False)
+        loss, grad = jax.value_and_grad(digits_loss)(th, idx)
+        updates, state = opt.update(grad, state, th)
+        return (optax.apply_updates(th, updates), state), loss
+
+    (theta, _), losses = jax.lax.scan(step, (theta, opt.init(theta)), keys)
+    return theta, losses
+
+
+dtheta, dlosses = train_digits(dtheta, jax.random.split(jax.random.key(5), 500 if QUICK else 3000))
+dparams = dunravel(dtheta)
 ddata = (Xd, yd)
 dlast = pst.laplace(dfn, dparams, ddata, categorical, subset_of_weights="last_layer", prior_precision=PRIOR_D)
 S_d = int(dlast.weights.indices.shape[0])
