@@ -1,4 +1,4 @@
-"""Training shared by the experiments, the benchmarks and the notebooks: Adam on an objective, in jitted scans.
+"""Training shared by the experiments and the benchmarks: Adam (or an optax optimizer) on an objective, jitted.
 
 `train` minimises any ``objective(params, (x, y), key)`` on minibatches; `train_map` is the negative log posterior
 of a network under a Gaussian prior (the MAP every posterior of the papers starts from). Both run the steps in
