@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from posteriors.gaussian import AbstractLowRankPosterior, GaussianPosterior, LowRankPosterior
     from posteriors.io import load, save
     from posteriors.laplace_family import STRUCTURES, LaplacePosterior, laplace
-    from posteriors.marglik import marginal_log_likelihood, optimize_prior_precision
+    from posteriors.marglik import MarglikTraining, marginal_log_likelihood, marglik_training, optimize_prior_precision
     from posteriors.projected import (
         ProjectedPosterior,
         loss_projected_posterior,
@@ -44,7 +44,8 @@ _HOMES = {
     "posteriors.io": ("load", "save"),
     "posteriors.laplace_family": ("STRUCTURES", "LaplacePosterior", "laplace"),
     "posteriors.weights": ("last_layer_leaves",),
-    "posteriors.marglik": ("marginal_log_likelihood", "optimize_prior_precision"),
+    "posteriors.marglik": ("MarglikTraining", "marginal_log_likelihood", "marglik_training",
+                           "optimize_prior_precision"),
     "posteriors.projected": ("ProjectedPosterior", "loss_projected_posterior", "optimal_prior_precision",
                              "projected_posterior"),
     "posteriors.subnetwork": ("Subnetwork", "subnetwork_laplace"),

@@ -1,0 +1,147 @@
+"""`pst.marglik_training` (Immer et al. 2021, algorithm 1): the network and its prior and noise learnt together.
+
+On Bayesian linear regression the Laplace evidence is the exact evidence and the alternation's fixed point is its
+maximum: the learnt prior precision and noise must reach the closed-form optimum."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from scipy.optimize import minimize
+
+import posteriors as pst
+from linops.likelihoods import Bernoulli, Categorical, Gaussian
+from linops.models import from_equinox, ravel
+from linops.testing import count_compilations as compiles
+
+
+def _linear_problem(n=60, d=3, k=2):
+    kx, kw, ke = jax.random.split(jax.random.key(0), 3)
+    X = jax.random.normal(kx, (n, d), jnp.float64)
+    W = 0.7 * jax.random.normal(kw, (d, k), jnp.float64)
+    return X, X @ W + 0.4 + 0.25 * jax.random.normal(ke, (n, k), jnp.float64)
+
+
+def _exact_evidence(X, Y, alpha, sigma):
+    """log N(y_k | 0, sigma^2 I + Phi Phi^T / alpha) summed over the outputs, Phi = [X, 1]."""
+    Phi = np.concatenate([np.asarray(X), np.ones((X.shape[0], 1))], axis=1)
+    C = sigma**2 * np.eye(X.shape[0]) + Phi @ Phi.T / alpha
+    _, logdet = np.linalg.slogdet(C)
+    Yn = np.asarray(Y)
+    quad = np.sum(Yn * np.linalg.solve(C, Yn))
+    return -0.5 * quad - 0.5 * Yn.shape[1] * (logdet + X.shape[0] * np.log(2 * np.pi))
+
+
+def test_bayesian_linear_regression_reaches_the_closed_form_evidence_optimum():
+    with jax.enable_x64(True):
+        X, Y = _linear_problem()
+        best = minimize(lambda t: -_exact_evidence(X, Y, np.exp(t[0]), np.exp(t[1])), np.zeros(2), method="BFGS",
+                        options={"gtol": 1e-10})
+        alpha_star, sigma_star = np.exp(best.x)
+        fn = lambda p, x: x @ p["W"] + p["b"]  # noqa: E731
+        params = {"W": jnp.zeros((3, 2), jnp.float64), "b": jnp.zeros(2, jnp.float64)}
+        fit = pst.marglik_training(fn, params, (X, Y), Gaussian(1.0), key=jax.random.key(1), num_epochs=1500,
+                                   batch_size=60, structure="full", prior_structure="scalar",
+                                   optimizer=optax.adam(2e-2), every=100, hyper_steps=300, progress=False)
+        alpha, sigma = float(fit.posterior.prior_precision), float(fit.posterior.likelihood.sigma)
+        np.testing.assert_allclose([alpha, sigma], [alpha_star, sigma_star], rtol=2e-3)
+        # the trained weights are the MAP under the learnt prior and noise: (Phi^T Phi + alpha sigma^2 I)^{-1} Phi^T Y
+        Phi = np.concatenate([np.asarray(X), np.ones((60, 1))], axis=1)
+        exact_map = np.linalg.solve(Phi.T @ Phi + alpha * sigma**2 * np.eye(4), Phi.T @ np.asarray(Y))
+        np.testing.assert_allclose(np.concatenate([fit.params["W"], fit.params["b"][None]]), exact_map, atol=1e-4)
+        # the reported evidence is the exact one at the learnt values
+        np.testing.assert_allclose(fit.history["log_marginal_likelihood"][-1],
+                                   _exact_evidence(X, Y, alpha, sigma), rtol=1e-5)
+        assert fit.history["marglik_epochs"].tolist() == list(range(100, 1501, 100))
+        assert fit.history["loss"].shape == fit.history["epoch_seconds"].shape == (1500,)
+        assert fit.history["update_seconds"].shape == fit.history["sigma"].shape == (15,)
+        np.testing.assert_allclose(fit.history["sigma"][-1], sigma)
+
+
+def _mlp(outputs, seed=0):
+    return from_equinox(eqx.nn.MLP(4, outputs, 12, 2, activation=jnp.tanh, key=jax.random.key(seed)))
+
+
+@pytest.mark.parametrize(("structure", "prior_structure"), [("kfac", "layerwise"), ("diag", "diag"),
+                                                            ("full", "scalar")])
+def test_the_posterior_is_tuned_at_the_returned_weights_under_the_learnt_prior(structure, prior_structure):
+    X = jax.random.normal(jax.random.key(3), (48, 4))
+    y = (jnp.sum(X[:, :2], axis=1) > 0).astype(jnp.int32) + (X[:, 2] > 1).astype(jnp.int32)
+    fn, params = _mlp(3)
+    fit = pst.marglik_training(fn, params, (X, y), Categorical(), key=jax.random.key(4), num_epochs=6,
+                               batch_size=16, structure=structure, prior_structure=prior_structure, every=2,
+                               optimizer=optax.adam(1e-2), progress=False)
+    post = fit.posterior
+    assert post.structure == structure
+    np.testing.assert_allclose(ravel(post.params)[0], ravel(fit.params)[0])
+    alpha = np.broadcast_to(np.asarray(post.prior_precision), (ravel(params)[0].shape[0],))
+    np.testing.assert_allclose(alpha, np.broadcast_to(fit.history["prior_precision"][-1], alpha.shape), rtol=1e-6)
+    if prior_structure == "layerwise":  # one value per leaf, and they differ
+        sizes = [leaf.size for leaf in jax.tree_util.tree_leaves(params)]
+        per_leaf = np.split(alpha, np.cumsum(sizes)[:-1])
+        assert all(np.ptp(a) == 0 for a in per_leaf) and len({float(a[0]) for a in per_leaf}) > 1
+    # the history's last log evidence is the returned posterior's
+    np.testing.assert_allclose(float(pst.marginal_log_likelihood(post)), fit.history["log_marginal_likelihood"][-1],
+                               rtol=1e-5)
+    # the returned weights are the epochs' steps: a direct refit at them under the learnt prior is the same
+    refit = pst.laplace(fn, fit.params, (X, y), Categorical(), structure=structure, prior_precision=alpha,
+                        progress=False)
+    np.testing.assert_allclose(float(pst.marginal_log_likelihood(refit)), fit.history["log_marginal_likelihood"][-1],
+                               rtol=1e-5)
+    assert fit.history["sigma"] is None
+
+
+def test_training_follows_the_prior_the_evidence_learns():
+    # a strong learnt prior shrinks the weights: the same run with the prior frozen at its start ends larger
+    X = jax.random.normal(jax.random.key(5), (64, 4))
+    y = (X[:, :1] > 0).astype(jnp.float32)
+    fn, params = _mlp(1, seed=1)
+    kw = dict(key=jax.random.key(6), num_epochs=30, batch_size=32, structure="diag", prior_structure="scalar",
+              optimizer=optax.adam(3e-2), progress=False, prior_precision=1e-3)
+    tuned = pst.marglik_training(fn, params, (X, y), Bernoulli(), every=1, hyper_steps=50, **kw)
+    assert float(tuned.posterior.prior_precision) > 1e-2  # the evidence moved the prior away from 1e-3
+    frozen = pst.marglik_training(fn, params, (X, y), Bernoulli(), burn_in=29, **kw)  # updated after the end only
+    assert np.linalg.norm(ravel(tuned.params)[0]) < np.linalg.norm(ravel(frozen.params)[0])
+
+
+def test_a_second_run_of_the_same_shapes_compiles_nothing():
+    X = jax.random.normal(jax.random.key(7), (32, 4))
+    y = jnp.arange(32) % 3
+    fn, params = _mlp(3)
+    opt = optax.adam(1e-2)
+    kw = dict(num_epochs=3, batch_size=16, structure="kfac", optimizer=opt, progress=False)
+    pst.marglik_training(fn, params, (X, y), Categorical(), key=jax.random.key(8), **kw)
+    params2 = jax.tree_util.tree_map(lambda a: 1.5 * a, params)
+    X2, key2 = X + 1.0, jax.random.key(9)
+    with compiles() as events:
+        fit = pst.marglik_training(fn, params2, (X2, y), Categorical(), key=key2, **kw)
+        jax.block_until_ready(fit.params)
+    assert events == [], f"{len(events)} compilations on the second run"
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"burn_in": 5}, "burn_in"),
+    ({"num_epochs": 0}, "num_epochs"),
+    ({"structure": "kfac", "prior_structure": "diag"}, "one prior precision per leaf"),
+    ({"prior_structure": "full"}, "prior_structure must be"),
+    ({"structure": "dense"}, "structure must be one of"),
+    ({"tune_sigma": True}, "tune_sigma needs a Gaussian"),
+    ({"laplace_options": {"subset_of_weights": "last_layer"}}, "laplace_options may not set"),
+    ({"hyper_learning_rate": 0.0}, "hyper_learning_rate must be positive"),
+])
+def test_bad_options_are_refused_before_training(kwargs, match):
+    X = jax.random.normal(jax.random.key(7), (32, 4))
+    fn, params = _mlp(3)
+    kw = {"num_epochs": 5, "key": jax.random.key(0), "progress": False, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        pst.marglik_training(fn, params, (X, jnp.arange(32) % 3), Categorical(), **kw)
+
+
+def test_targets_that_do_not_fit_the_model_are_refused():
+    X = jax.random.normal(jax.random.key(7), (32, 4))
+    fn, params = _mlp(3)
+    with pytest.raises(ValueError, match="marglik_training"):
+        pst.marglik_training(fn, params, (X, jnp.full(32, 3)), Categorical(), key=jax.random.key(0), num_epochs=2,
+                             progress=False)
