@@ -232,7 +232,8 @@ class MarglikTraining:
     the ``history`` (a dict of NumPy arrays: ``loss``, the training objective's mean over each epoch, and
     ``epoch_seconds``; ``marglik_epochs``, the epochs after which the hyperparameters were updated, and at each
     of those ``update_seconds`` (the fit and the tuning, their compilation included), ``log_marginal_likelihood``,
-    ``prior_precision`` and ``sigma`` (``None`` unless the likelihood is Gaussian)).
+    ``prior_precision`` and ``sigma`` (``None`` unless the likelihood is Gaussian); ``best_epoch``, the epoch
+    whose weights and posterior are returned).
 
     Examples:
         >>> import posteriors as pst
@@ -250,7 +251,7 @@ def marglik_training(fn, params, data, likelihood, *, key: jax.Array, num_epochs
                      optimizer=None, structure: str = "kfac", prior_structure: str = "layerwise",
                      prior_precision=1.0, tune_sigma: bool | None = None, burn_in: int = 0, every: int = 1,
                      hyper_steps: int = 10, hyper_learning_rate: float = 0.1, laplace_options: dict | None = None,
-                     progress: bool = True) -> MarglikTraining:
+                     restore_best: bool = True, progress: bool = True) -> MarglikTraining:
     r"""Train a network and its prior precision (and Gaussian noise) together by the Laplace evidence.
 
     Immer et al. (2021), algorithm 1. Each epoch takes optimizer steps on minibatches of the mean negative
@@ -282,11 +283,14 @@ def marglik_training(fn, params, data, likelihood, *, key: jax.Array, num_epochs
         hyper_learning_rate: their learning rate, on the logarithms.
         laplace_options: more keyword arguments of `laplace` (``batch_size``, ``rank`` and ``key`` of low rank,
             ``kfac_fallback``, ...); not ``subset_of_weights``: the prior the evidence tunes is every weight's.
+        restore_best: return the weights and posterior of the update with the highest log evidence (as
+            laplace-torch does), not the last; ``history["best_epoch"]`` says which.
         progress: a bar over the epochs with the loss and the log evidence, on stderr after two seconds.
 
     Returns:
-        A `MarglikTraining`: ``.params``, ``.posterior`` (a `LaplacePosterior` with the learnt prior and noise)
-        and ``.history``.
+        A `MarglikTraining`: ``.params`` and ``.posterior`` (a `LaplacePosterior` with the learnt prior and
+        noise) of the update with the highest log evidence (the last with ``restore_best=False``), and
+        ``.history``.
 
     Examples:
         >>> import jax, jax.numpy as jnp, optax
@@ -341,7 +345,7 @@ def marglik_training(fn, params, data, likelihood, *, key: jax.Array, num_epochs
     state, lik, keys = optimizer.init(flat), likelihood, jax.random.split(key, num_epochs)
     history = {"loss": [], "epoch_seconds": [], "marglik_epochs": [], "update_seconds": [],
                "log_marginal_likelihood": [], "prior_precision": [], "sigma": []}
-    posterior, evidence = None, None
+    posterior, evidence, best = None, None, None
     for e in range(1, num_epochs + 1):
         t0 = time.perf_counter()
         flat, state, loss = _epoch(fn, unravel, optimizer, flat, state, jnp.broadcast_to(alpha, (P,)), lik, X, Y,
@@ -363,12 +367,14 @@ def marglik_training(fn, params, data, likelihood, *, key: jax.Array, num_epochs
             history["log_marginal_likelihood"].append(evidence)
             history["prior_precision"].append(np.asarray(alpha))
             history["sigma"].append(None if not gaussian else float(lik.sigma))
+            if best is None or not restore_best or np.isnan(best[0]) or evidence > best[0]:
+                best = (evidence, e, posterior)
         if progress:
             update(who, "epoch", e, num_epochs, f"loss {history['loss'][-1]:.4g}" + (
                 "" if evidence is None else f", log evidence {evidence:.6g}"))
     history = {k: np.asarray(v) if k != "sigma" or gaussian else None for k, v in history.items()}
-    return MarglikTraining(params=unravel(flat), posterior=posterior, history=history)
-
+    _, history["best_epoch"], posterior = best
+    return MarglikTraining(params=posterior.params, posterior=posterior, history=history)
 
 
 @functools.cache

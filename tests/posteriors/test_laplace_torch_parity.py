@@ -96,3 +96,46 @@ def test_classification_ggn_predictives_and_evidence_match(structure):
         theirs = la(T, pred_type="glm", link_approx=link).detach().numpy()
         assert_close(pst.predictive.classification(post, jnp.asarray(T.numpy()), link=link), theirs, rtol=1e-10)
     assert_close(pst.marginal_log_likelihood(post), la.log_marginal_likelihood().item(), rtol=1e-10)
+
+
+def test_marglik_training_learns_laplace_torchs_prior_and_noise():
+    """Issue 34's parity goal: on one MLP and data, the final prior precision, noise and log evidence of
+    `pst.marglik_training` within 10% of laplace-torch's `marglik_training` (full batch, the same Adam, the same
+    initial weights), and the same ordering of the structures' evidences. The two differ in one detail: laplace-torch
+    keeps one Adam state for the hyperparameters across the updates, ours restarts it at each update; both return
+    the update of the best evidence. Measured: prior precisions within 3%, noises within 2.5%, log evidences
+    within 1% (full: -43.0 against -43.4; diag: -72.9 against -73.1)."""
+    import optax
+    from laplace.curvature import CurvlinopsGGN
+
+    rng = np.random.default_rng(1)
+    X = rng.uniform(-2, 2, (100, 2))
+    Y = np.sin(X[:, :1]) * np.cos(X[:, 1:]) + 0.3 * rng.standard_normal((100, 1))
+    loader = _loader_full(X, Y)
+    results = {}
+    for structure, theirs_structure in (("full", "full"), ("diag", "diag")):
+        fn, params, net = _twins(2, 10, 1, seed=3)
+        la, _, margliks, _ = laplace.marglik_training(
+            net, loader, likelihood="regression", hessian_structure=theirs_structure, backend=CurvlinopsGGN,
+            optimizer_kwargs={"lr": 1e-2}, n_epochs=500, prior_structure="scalar", n_hypersteps=10)
+        with jax.enable_x64(True):
+            fit = pst.marglik_training(fn, params, (jnp.asarray(X), jnp.asarray(Y)), Gaussian(1.0),
+                                       key=jax.random.key(0), num_epochs=500, batch_size=100, structure=structure,
+                                       prior_structure="scalar", optimizer=optax.adam(1e-2), hyper_steps=10,
+                                       progress=False)
+            ours = {"prior precision": float(fit.posterior.prior_precision),
+                    "sigma": float(fit.posterior.likelihood.sigma),
+                    "log evidence": float(pst.marginal_log_likelihood(fit.posterior))}
+            assert ours["log evidence"] == pytest.approx(np.max(fit.history["log_marginal_likelihood"]), rel=1e-9)
+        theirs = {"prior precision": float(la.prior_precision), "sigma": float(la.sigma_noise),
+                  "log evidence": float(la.log_marginal_likelihood())}
+        for k in ours:
+            assert abs(ours[k] - theirs[k]) <= 0.1 * abs(theirs[k]), (structure, k, ours[k], theirs[k])
+        results[structure] = (ours["log evidence"], theirs["log evidence"])
+    assert (results["full"][0] > results["diag"][0]) == (results["full"][1] > results["diag"][1])
+
+
+def _loader_full(X, Y):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    return DataLoader(TensorDataset(torch.tensor(X), torch.tensor(Y)), batch_size=len(X))

@@ -77,20 +77,42 @@ def test_the_posterior_is_tuned_at_the_returned_weights_under_the_learnt_prior(s
     assert post.structure == structure
     np.testing.assert_allclose(ravel(post.params)[0], ravel(fit.params)[0])
     alpha = np.broadcast_to(np.asarray(post.prior_precision), (ravel(params)[0].shape[0],))
-    np.testing.assert_allclose(alpha, np.broadcast_to(fit.history["prior_precision"][-1], alpha.shape), rtol=1e-6)
+    best = list(fit.history["marglik_epochs"]).index(fit.history["best_epoch"])
+    assert fit.history["log_marginal_likelihood"][best] == np.max(fit.history["log_marginal_likelihood"])
+    np.testing.assert_allclose(alpha, np.broadcast_to(fit.history["prior_precision"][best], alpha.shape), rtol=1e-6)
     if prior_structure == "layerwise":  # one value per leaf, and they differ
         sizes = [leaf.size for leaf in jax.tree_util.tree_leaves(params)]
         per_leaf = np.split(alpha, np.cumsum(sizes)[:-1])
         assert all(np.ptp(a) == 0 for a in per_leaf) and len({float(a[0]) for a in per_leaf}) > 1
-    # the history's last log evidence is the returned posterior's
-    np.testing.assert_allclose(float(pst.marginal_log_likelihood(post)), fit.history["log_marginal_likelihood"][-1],
+    # the history's best log evidence is the returned posterior's
+    np.testing.assert_allclose(float(pst.marginal_log_likelihood(post)), fit.history["log_marginal_likelihood"][best],
                                rtol=1e-5)
     # the returned weights are the epochs' steps: a direct refit at them under the learnt prior is the same
     refit = pst.laplace(fn, fit.params, (X, y), Categorical(), structure=structure, prior_precision=alpha,
                         progress=False)
-    np.testing.assert_allclose(float(pst.marginal_log_likelihood(refit)), fit.history["log_marginal_likelihood"][-1],
-                               rtol=1e-5)
+    np.testing.assert_allclose(float(pst.marginal_log_likelihood(refit)),
+                               fit.history["log_marginal_likelihood"][best], rtol=1e-5)
     assert fit.history["sigma"] is None
+
+
+def test_restore_best_returns_the_update_of_the_highest_evidence_and_false_the_last():
+    X = jax.random.normal(jax.random.key(3), (48, 4))
+    y = jnp.arange(48) % 3
+    fn, params = _mlp(3)
+    # a learning rate that grows 100-fold: the training diverges and the evidence falls after its third update
+    opt = optax.adam(optax.linear_schedule(1e-2, 1.0, 36))
+    kw = dict(key=jax.random.key(4), num_epochs=12, batch_size=16, structure="kfac", optimizer=opt, hyper_steps=2,
+              hyper_learning_rate=0.01, progress=False)
+    best = pst.marglik_training(fn, params, (X, y), Categorical(), **kw)
+    last = pst.marglik_training(fn, params, (X, y), Categorical(), restore_best=False, **kw)
+    trace = best.history["log_marginal_likelihood"]
+    np.testing.assert_allclose(trace, last.history["log_marginal_likelihood"], rtol=1e-5)  # the same run
+    assert np.argmax(trace) != len(trace) - 1, "the check needs a run whose evidence peaks before the end"
+    assert best.history["best_epoch"] == best.history["marglik_epochs"][np.argmax(trace)]
+    assert last.history["best_epoch"] == 12
+    np.testing.assert_allclose(float(pst.marginal_log_likelihood(best.posterior)), np.max(trace), rtol=1e-5)
+    np.testing.assert_allclose(float(pst.marginal_log_likelihood(last.posterior)), trace[-1], rtol=1e-5)
+    assert not np.allclose(ravel(best.params)[0], ravel(last.params)[0])
 
 
 def test_training_follows_the_prior_the_evidence_learns():
