@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linops.likelihoods import Gaussian
+from linops.likelihoods import Categorical, Gaussian
 from linops.models import ravel, unravel_of
 from linops.runtime import canonical_convolutions, new_bar, program, tick, update
 from posteriors._checks import check_data, check_likelihood, check_params, check_targets
@@ -87,15 +87,16 @@ def _marginal_log_likelihood(post, alpha, sigma):
 
 def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik", prior_structure: str = "scalar",
                              tune_sigma: bool = False, num_steps: int = 200, learning_rate: float = 0.1,
-                             validation=None, grid=None, link: str = "probit", progress: bool = True):
+                             validation=None, grid=None, objective: str = "nll", link: str = "probit",
+                             progress: bool = True):
     r"""Tune the prior precision (and, for a Gaussian likelihood, $\sigma$): the refitted posterior and a report.
 
     Args:
         post: a `LaplacePosterior`.
         method: ``"marglik"`` maximises `marginal_log_likelihood` by Adam (optax) on
             $\log\alpha$ (and $\log\sigma$), starting from the posterior's values; ``"gridsearch"``
-            minimises the predictive negative log-likelihood of ``validation`` over ``grid``
-            (scalar $\alpha$), warning when the best value sits at an edge of the grid.
+            minimises ``objective`` of the predictive on ``validation`` over ``grid`` (scalar $\alpha$),
+            warning when the best value sits at an edge of the grid.
         prior_structure: for ``"marglik"``: ``"scalar"``, ``"layerwise"`` (one per leaf) or
             ``"diag"`` (one per parameter).
         tune_sigma: also tune a Gaussian likelihood's scalar $\sigma$ (``"marglik"`` only).
@@ -103,13 +104,17 @@ def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik",
         learning_rate: Adam's learning rate (on the logarithms).
         validation: ``(inputs, targets)`` for ``"gridsearch"``.
         grid: candidate scalar precisions (default $10^{-4}, \dots, 10^{4}$, 33 values).
+        objective: what ``"gridsearch"`` minimises on ``validation``: ``"nll"`` (the predictive negative
+            log-likelihood, any likelihood), ``"ece"`` (expected calibration error, 15 bins) or ``"brier"``
+            (a categorical likelihood's classification predictive).
         link: the classification predictive of ``"gridsearch"`` (see `posteriors.predictive.nll`).
         progress: a progress bar over Adam's steps or the grid on stderr, shown once the tuning runs
             longer than two seconds; False silences it.
 
     Returns:
         ``(posterior, report)``: ``report`` holds ``"prior_precision"``, ``"sigma"`` and the
-        trace (``"log_marginal_likelihood"`` per step, or ``"grid"`` and ``"nll"``).
+        trace (``"log_marginal_likelihood"`` per step, or ``"grid"`` and the objective's value at each point
+        under its name, ``"nll"``, ``"ece"`` or ``"brier"``).
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -127,7 +132,7 @@ def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik",
     _check(post, who)
     label = f"{who}(method={method!r})" if progress else None
     if method == "gridsearch":
-        return _gridsearch(post, validation, grid, link, who, label)
+        return _gridsearch(post, validation, grid, link, who, label, objective)
     if method != "marglik":
         raise ValueError(f"{who}: method must be 'marglik' or 'gridsearch', got {method!r}")
     if prior_structure not in ("scalar", "layerwise", "diag"):
@@ -198,19 +203,31 @@ def _with_subset_prior(post, alpha, sigma):
     return base.with_prior(None, sigma) if sigma is not None else base.with_prior(None)
 
 
-def _gridsearch(post, validation, grid, link, who, label=None):
-    from posteriors.predictive import nll
+def _gridsearch(post, validation, grid, link, who, label=None, objective="nll"):
+    from posteriors import metrics
+    from posteriors.predictive import _checked_nll_targets, classification, nll
 
     if not (isinstance(validation, tuple) and len(validation) == 2):
         raise ValueError(f"{who}(method='gridsearch'): pass validation=(inputs, targets)")
+    if objective not in ("nll", "ece", "brier"):
+        raise ValueError(f"{who}: objective must be 'nll', 'ece' or 'brier', got {objective!r}")
+    if objective != "nll" and not isinstance(post.likelihood, Categorical):
+        raise ValueError(f"{who}: objective={objective!r} scores a categorical likelihood's class probabilities; "
+                         f"this posterior's likelihood is {type(post.likelihood).__name__} (use objective='nll')")
     grid = jnp.logspace(-4, 4, 33) if grid is None else jnp.asarray(grid)
     if grid.ndim != 1 or grid.shape[0] < 2 or not bool(jnp.all(grid > 0)):
         raise ValueError(f"{who}: grid must be a 1-D array of at least two positive precisions, got {grid}")
     Xv, Yv = validation
     bar = new_bar(label, grid.shape[0], "value") if label else None
     values = []
+    score = {"ece": metrics.ece, "brier": metrics.brier}.get(objective)
+    Yv = _checked_nll_targets(post, Xv, Yv, post.likelihood)  # refused before any predictive
     for a in grid:
-        values.append(nll(_with_subset_prior(post, a, None), Xv, Yv, link=link, progress=False))
+        tuned = _with_subset_prior(post, a, None)
+        if score is None:
+            values.append(nll(tuned, Xv, Yv, link=link, progress=False))
+        else:
+            values.append(score(classification(tuned, Xv, link=link, progress=False), Yv))
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -223,7 +240,7 @@ def _gridsearch(post, validation, grid, link, who, label=None):
                       f"{float(grid[-1]):.3g}]; widen the grid", UserWarning, stacklevel=2)
     tuned = _with_subset_prior(post, grid[best], None)
     return tuned, {"prior_precision": grid[best], "sigma": getattr(post.likelihood, "sigma", None), "grid": grid,
-                   "nll": values}
+                   objective: values}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -238,6 +238,35 @@ def test_grid_search_on_validation_nll_and_its_edge_warning():
         pst.optimize_prior_precision(post, method="gridsearch", validation=val, grid=jnp.array([1e-3, 1e-2]))
 
 
+@pytest.mark.parametrize("objective", ["ece", "brier"])
+def test_grid_search_on_validation_ece_or_brier(objective):
+    X, y = _logistic(80, 1)
+    val = _logistic(200, 2)
+    params = {"W": 2.0 * jnp.array([[-0.75, 0.5], [0.75, -0.5]]), "b": jnp.zeros(2)}
+    post = pst.laplace(_dense, params, (X, y), Categorical(), structure="full")
+    grid = jnp.logspace(-3, 3, 13)
+    tuned, report = pst.optimize_prior_precision(post, method="gridsearch", validation=val, grid=grid,
+                                                 objective=objective, progress=False)
+    score = {"ece": pst.metrics.ece, "brier": pst.metrics.brier}[objective]
+    by_hand = np.array([float(score(pst.predictive.classification(post.with_prior(a), val[0]), val[1])) for a in grid])
+    assert_close(report[objective], by_hand, rtol=1e-6)
+    assert np.ptp(by_hand) > 1e-3  # the objective depends on the prior: the choice is not vacuous
+    assert_close(tuned.prior_precision, grid[int(np.argmin(by_hand))])
+
+
+def test_grid_search_refuses_a_calibration_objective_without_class_probabilities_and_bad_labels():
+    X, y = _logistic(80, 1)
+    params = {"W": jnp.zeros((2, 2)), "b": jnp.zeros(2)}
+    post = pst.laplace(_dense, params, (X, y), Categorical(), structure="full")
+    with pytest.raises(ValueError, match="objective must be"):
+        pst.optimize_prior_precision(post, method="gridsearch", validation=(X, y), objective="accuracy")
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 2\)"):
+        pst.optimize_prior_precision(post, method="gridsearch", validation=(X, y + 2), objective="ece")
+    reg = pst.laplace(lambda w, x: (x @ w)[None], jnp.zeros(2), (X, X[:, :1]), Gaussian(1.0), structure="full")
+    with pytest.raises(ValueError, match="categorical likelihood's class probabilities"):
+        pst.optimize_prior_precision(reg, method="gridsearch", validation=(X, X[:, :1]), objective="brier")
+
+
 def test_probit_agrees_with_monte_carlo_at_small_variance_and_the_bridge_is_a_distribution():
     rng = np.random.default_rng(6)
     X = jnp.asarray(rng.standard_normal((60, 2)))
