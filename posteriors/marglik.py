@@ -391,7 +391,36 @@ def marglik_training(fn, params, data, likelihood, *, key: jax.Array, num_epochs
                 "" if evidence is None else f", log evidence {evidence:.6g}"))
     history = {k: np.asarray(v) if k != "sigma" or gaussian else None for k, v in history.items()}
     _, history["best_epoch"], posterior = best
+    _warn_if_flatter_than_the_network(posterior, X, Y, who)
     return MarglikTraining(params=posterior.params, posterior=posterior, history=history)
+
+
+CHECK_EXAMPLES = 256
+"""How many training examples `marglik_training` compares the tuned predictive and the network on."""
+
+
+def _warn_if_flatter_than_the_network(post, X, Y, who):
+    """Warn when the tuned predictive explains the training data far worse than the network alone: a mean
+    negative log-likelihood more than the network's magnitude plus 0.1 nats above it, on the first `CHECK_EXAMPLES`
+    examples
+    (the evidence is not a calibration criterion, and its predictive can be near-uniform; issue 39)."""
+    from posteriors.predictive import nll
+
+    m = min(CHECK_EXAMPLES, Y.shape[0])
+    Xs, Ys = jax.tree_util.tree_map(lambda a: a[:m], X), Y[:m]
+    if isinstance(post.likelihood, Gaussian) and post.likelihood.heteroscedastic:
+        return  # a per-example noise does not slice with the examples here
+    out = jax.vmap(post.fn, in_axes=(None, 0))(post.params, Xs)
+    network = float(jnp.mean(jax.vmap(post.likelihood.nll)(out, Ys)))
+    predictive = float(nll(post, Xs, Ys, progress=False)) / m
+    if predictive - network > abs(network) + 0.1:
+        warnings.warn(f"{who}: on the first {m} training examples the evidence-tuned predictive's negative "
+                      f"log-likelihood is {predictive:.3g} per example, the network's alone {network:.3g}: the "
+                      "linearised predictive is far less confident than the network it was fitted to, and may be "
+                      "under-confident on new data too. The network's own predictions (.params), or a prior chosen "
+                      "on validation data (optimize_prior_precision(method='gridsearch', objective='nll' or 'ece')) "
+                      "may serve better: see the docs' how-to 'Calibrated without validation data'.",
+                      UserWarning, stacklevel=3)
 
 
 @functools.cache

@@ -115,6 +115,7 @@ def test_restore_best_returns_the_update_of_the_highest_evidence_and_false_the_l
     assert not np.allclose(ravel(best.params)[0], ravel(last.params)[0])
 
 
+@pytest.mark.filterwarnings("ignore:marglik_training. on the first")  # the frozen prior's flat predictive
 def test_training_follows_the_prior_the_evidence_learns():
     # a strong learnt prior shrinks the weights: the same run with the prior frozen at its start ends larger
     X = jax.random.normal(jax.random.key(5), (64, 4))
@@ -167,3 +168,27 @@ def test_targets_that_do_not_fit_the_model_are_refused():
     with pytest.raises(ValueError, match="marglik_training"):
         pst.marglik_training(fn, params, (X, jnp.full(32, 3)), Categorical(), key=jax.random.key(0), num_epochs=2,
                              progress=False)
+
+
+def test_a_predictive_far_flatter_than_the_network_on_the_training_data_is_said():
+    # a network that fits its labels almost exactly under a prior held near its start (one update, at the end):
+    # the diagonal posterior's linearised predictive is far flatter than the network on the training examples
+    X = jax.random.normal(jax.random.key(5), (64, 4))
+    y = (X[:, :1] > 0).astype(jnp.float32)
+    fn, params = _mlp(1, seed=1)
+    kw = dict(key=jax.random.key(6), num_epochs=30, batch_size=32, structure="diag", prior_structure="scalar",
+              optimizer=optax.adam(3e-2), progress=False, prior_precision=1e-3, burn_in=29)
+    with pytest.warns(UserWarning, match="far less confident than the network"):
+        fit = pst.marglik_training(fn, params, (X, y), Bernoulli(), **kw)
+    probs = pst.predictive.classification(fit.posterior, X)[:, 0]
+    network = jax.nn.sigmoid(jax.vmap(fn, in_axes=(None, 0))(fit.params, X)[:, 0])
+    sharp = lambda p: float(jnp.mean(jnp.abs(p - 0.5)))  # noqa: E731
+    assert sharp(probs) < sharp(network) - 0.1  # what the warning says is true
+    import warnings
+
+    with warnings.catch_warnings(), jax.enable_x64(True):
+        warnings.simplefilter("error")  # linear regression: the predictive explains the data as the network does
+        Xr, Yr = _linear_problem()
+        pst.marglik_training(lambda p, x: x @ p, jnp.zeros((3, 2), jnp.float64), (Xr, Yr), Gaussian(1.0),
+                             key=jax.random.key(1), num_epochs=200, batch_size=60, structure="full",
+                             optimizer=optax.adam(2e-2), every=50, progress=False)
