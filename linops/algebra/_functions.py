@@ -338,14 +338,14 @@ def diag(
     key: PRNGKeyArray | None = None,
     num_samples: int = 64,
     chunk: int = 32,
-) -> Inexact[Array, " n"]:
+) -> Inexact[Array, " n"] | Estimate:
     r"""The diagonal of ``A``.
 
     Args:
         method: ``None`` for the closed form; ``"exact"`` probes with the ``n`` unit vectors in
             blocks of ``chunk`` (``n`` products, ``O(n * chunk)`` memory); ``"hutchinson"``
             gives the unbiased estimate $\mathbb E[z \odot A z]$ with Rademacher ``z``
-            (needs ``key``).
+            (needs ``key``) as an `Estimate`: the ``(n,)`` values and each one's standard error.
 
     Examples:
         >>> import jax.numpy as jnp, linops as lo
@@ -363,7 +363,9 @@ def diag(
         pick = lambda A, E, cols: jnp.take_along_axis(A.mm(E), jnp.minimum(cols, A.shape[0] - 1)[None, :], 0)[0]  # noqa: E731
         return _basis_probe(A, pick, chunk)
     Z = _rademacher(key, A, num_samples, "diag")
-    return jnp.mean(Z * A.mm(Z), axis=1)
+    samples = Z * A.mm(Z)  # (n, s): one estimate of every entry per probe
+    return Estimate(jnp.mean(samples, axis=1), jnp.std(samples, axis=1, ddof=1) / jnp.sqrt(num_samples),
+                    num_samples)
 
 
 def trace(
@@ -372,12 +374,12 @@ def trace(
     method: str | None = None,
     key: PRNGKeyArray | None = None,
     num_samples: int = 64,
-) -> Inexact[Array, ""]:
+) -> Inexact[Array, ""] | Estimate:
     r"""The trace of a square ``A``.
 
     ``method=None`` uses the closed form (the rank for a projector); ``"exact"`` sums the exact
-    diagonal; ``"hutchinson"`` returns the estimate of `linops.hutchinson` (use that function
-    directly for its standard error).
+    diagonal; ``"hutchinson"`` returns the `Estimate` of `linops.hutchinson` (the value with its
+    standard error).
 
     Examples:
         >>> import jax.numpy as jnp, linops as lo
@@ -392,14 +394,24 @@ def trace(
                            "method='exact' (n products) or method='hutchinson' (with key)")
     if method == "exact":
         return jnp.sum(diag(A, method="exact"))
-    return hutchinson(A, key, num_samples).value
+    return hutchinson(A, key, num_samples)
 
 
 class Estimate(eqx.Module):
-    """A Monte Carlo estimate with its standard error (`linops.hutchinson`), printed with its numbers."""
+    """A Monte Carlo estimate with its standard error, printed with its numbers: what `linops.hutchinson`,
+    ``lo.trace(A, method="hutchinson")`` (a scalar) and ``lo.diag(A, method="hutchinson")`` (one value and one
+    standard error per entry) return.
 
-    value: Inexact[Array, ""]
-    standard_error: Float[Array, ""]
+    Examples:
+        >>> import jax, jax.numpy as jnp, linops as lo
+        >>> est = lo.diag(lo.Dense(jnp.array([[2.0, 1.0], [1.0, 3.0]])), method="hutchinson",
+        ...               key=jax.random.key(0), num_samples=400)
+        >>> est.value.shape, bool(jnp.all(jnp.abs(est.value - jnp.array([2.0, 3.0])) < 4 * est.standard_error))
+        ((2,), True)
+    """
+
+    value: Inexact[Array, "*shape"]
+    standard_error: Float[Array, "*shape"]
     num_samples: int = eqx.field(static=True)
 
     def __repr__(self):
