@@ -25,15 +25,14 @@ from linops.algebra._circulant import Circulant
 from linops.algebra._composite import Scaled, Sum
 from linops.algebra._depth import ExpressionTooDeepError, max_nesting, nesting_depth
 from linops.algebra._eigen import EigenDecomposed
+from linops.algebra._estimates import Estimate, hutchinson
 from linops.algebra._factorizations import LU, Cholesky, Triangular
 from linops.algebra._functions import (
-    Estimate,
     diag,
     eigendecompose,
     eigh,
     eigvalsh,
     factorize,
-    hutchinson,
     inv,
     logdet,
     pinv,

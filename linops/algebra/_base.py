@@ -393,6 +393,12 @@ def splice(operands: tuple, cls: type, field: str) -> tuple:
     return tuple(out)
 
 
+def check_operator(op, what: str) -> None:
+    """``op`` is a `LinearOperator`, else a `TypeError` naming ``what``."""
+    if not isinstance(op, LinearOperator):
+        raise TypeError(f"{what}: expected a linops.LinearOperator, got {type(op).__name__}")
+
+
 def check_square(op: LinearOperator, what: str) -> None:
     if not op.is_square:
         raise ValueError(

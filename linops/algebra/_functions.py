@@ -1,4 +1,4 @@
-"""Functions on operators: solve, inv, pinv, sqrt, diag, trace, logdet, eigh, hutchinson.
+"""Functions on operators: solve, inv, pinv, sqrt, diag, trace, logdet, eigh (hutchinson: `_estimates`).
 
 Each dispatches to the operator's closed form. Where none exists the call raises and
 names the explicit alternatives (``method="cg"``, ``"exact"``, ``"hutchinson"``,
@@ -7,7 +7,6 @@ names the explicit alternatives (``method="cg"``, ``"exact"``, ``"hutchinson"``,
 
 from __future__ import annotations
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,18 +15,14 @@ from jaxtyping import Array, ArrayLike, Float, Inexact, PRNGKeyArray
 from linops import closed_forms
 from linops.algebra import _tags
 from linops.algebra._arrays import describe, is_known_nonnegative
-from linops.algebra._base import LinearOperator, check_square
+from linops.algebra._base import LinearOperator, check_operator, check_square
 from linops.algebra._composite import Scaled, Sum
 from linops.algebra._eigen import EigenDecomposed
+from linops.algebra._estimates import Estimate, hutchinson, rademacher
 from linops.algebra._leaves import Dense, Identity, check_vector
 from linops.algebra._products import inverse_of
 from linops.algebra._solvers import Solution, closed_form, solve_checked
 from linops.algebra._structured import Selection
-
-
-def _check_op(A, what):
-    if not isinstance(A, LinearOperator):
-        raise TypeError(f"{what}: expected a linops.LinearOperator, got {type(A).__name__}")
 
 
 def _check_symmetric(A, what):
@@ -81,7 +76,7 @@ def solve(
         >>> lo.solve(A, jnp.array([2.0, 2.0])).value
         Array([1. , 0.5], dtype=float32)
     """
-    _check_op(A, "solve")
+    check_operator(A, "solve")
     check_square(A, "solve")
     _check_method("solve", method, (None, "cg", "dense"))
     b = check_vector(A, b, "solve", A.shape[0])
@@ -144,7 +139,7 @@ def inv(A: LinearOperator, *, method: str | None = None, **options) -> LinearOpe
         >>> type(Ai.factored).__name__, (Ai @ (Ai @ jnp.ones(2))).round(4)         # and not again
         ('Cholesky', Array([0.1111, 0.1111], dtype=float32))
     """
-    _check_op(A, "inv")
+    check_operator(A, "inv")
     check_square(A, "inv")
     _check_method("inv", method, (None, "cg", "dense"))
     if method == "cg" and _tags.psd not in A.tags:
@@ -200,7 +195,7 @@ def factorize(A: LinearOperator) -> LinearOperator:
         >>> type(K.A).__name__, lo.logdet(K)     # 2 log det A = 2 log 4
         ('Cholesky', Array(2.7725887, dtype=float32))
     """
-    _check_op(A, "factorize")
+    check_operator(A, "factorize")
     check_square(A, "factorize")
     f = closed_forms.factorize(A)
     return A if f is NotImplemented else f
@@ -223,7 +218,7 @@ def root(A: LinearOperator) -> LinearOperator:
         Array(True, dtype=bool)
         >>> samples = R @ jax.random.normal(jax.random.key(0), (R.shape[1], 1000))   # ~ N(0, A^-1)
     """
-    _check_op(A, "root")
+    check_operator(A, "root")
     check_square(A, "root")
     if _tags.psd not in A.tags:
         raise ValueError(f"root: {describe(A)} is not tagged psd (its tags: {sorted(A.tags)}); a square-root factor "
@@ -245,7 +240,7 @@ def eigendecompose(A: LinearOperator) -> LinearOperator:
         >>> E.w, type(E.Q).__name__
         (Array([1., 3., 3., 9.], dtype=float32), 'Kronecker')
     """
-    _check_op(A, "eigendecompose")
+    check_operator(A, "eigendecompose")
     check_square(A, "eigendecompose")
     _check_symmetric(A, "eigendecompose")
     E = closed_forms.eigendecompose(A)
@@ -263,7 +258,7 @@ def eigvalsh(A: LinearOperator, *, method: str | None = None) -> Float[Array, " 
         >>> lo.eigvalsh(lo.Dense(jnp.array([[2.0, 1.0], [1.0, 2.0]]), tags={"symmetric"}))
         Array([1., 3.], dtype=float32)
     """
-    _check_op(A, "eigvalsh")
+    check_operator(A, "eigvalsh")
     check_square(A, "eigvalsh")
     _check_method("eigvalsh", method, (None, "dense"))
     _check_symmetric(A, "eigvalsh")
@@ -283,7 +278,7 @@ def pinv(A: LinearOperator, *, rtol: float | None = None, method: str | None = N
         >>> lo.pinv(lo.Diagonal(jnp.array([2.0, 0.0]))) @ jnp.ones(2)
         Array([0.5, 0. ], dtype=float32)
     """
-    _check_op(A, "pinv")
+    check_operator(A, "pinv")
     _check_method("pinv", method, (None, "dense"))
     if method is None:
         return closed_form(closed_forms.pinv(A, rtol), A, "pinv", "method='dense'")
@@ -301,7 +296,7 @@ def sqrt(A: LinearOperator, *, method: str | None = None) -> LinearOperator:
         >>> lo.sqrt(4.0 * lo.Identity(2)) @ jnp.ones(2)
         Array([2., 2.], dtype=float32)
     """
-    _check_op(A, "sqrt")
+    check_operator(A, "sqrt")
     check_square(A, "sqrt")
     _check_method("sqrt", method, (None, "dense"))
     if _tags.psd not in A.tags:
@@ -353,7 +348,7 @@ def diag(
         >>> lo.diag(A @ A, method="exact")
         Array([ 7., 22.], dtype=float32)
     """
-    _check_op(A, "diag")
+    check_operator(A, "diag")
     _check_method("diag", method, (None, "exact", "hutchinson"))
     if method is None:
         return closed_form(closed_forms.diag(A), A, "diag",
@@ -362,7 +357,7 @@ def diag(
     if method == "exact":
         pick = lambda A, E, cols: jnp.take_along_axis(A.mm(E), jnp.minimum(cols, A.shape[0] - 1)[None, :], 0)[0]  # noqa: E731
         return _basis_probe(A, pick, chunk)
-    Z = _rademacher(key, A, num_samples, "diag")
+    Z = rademacher(key, A, num_samples, "diag")
     samples = Z * A.mm(Z)  # (n, s): one estimate of every entry per probe
     return Estimate(jnp.mean(samples, axis=1), jnp.std(samples, axis=1, ddof=1) / jnp.sqrt(num_samples),
                     num_samples)
@@ -386,7 +381,7 @@ def trace(
         >>> lo.trace(lo.Kronecker(lo.Identity(2), lo.Diagonal(jnp.array([1.0, 2.0]))))
         Array(6., dtype=float32)
     """
-    _check_op(A, "trace")
+    check_operator(A, "trace")
     check_square(A, "trace")
     _check_method("trace", method, (None, "exact", "hutchinson"))
     if method is None:
@@ -395,70 +390,6 @@ def trace(
     if method == "exact":
         return jnp.sum(diag(A, method="exact"))
     return hutchinson(A, key, num_samples)
-
-
-class Estimate(eqx.Module):
-    """A Monte Carlo estimate with its standard error, printed with its numbers: what `linops.hutchinson`,
-    ``lo.trace(A, method="hutchinson")`` (a scalar) and ``lo.diag(A, method="hutchinson")`` (one value and one
-    standard error per entry) return.
-
-    Examples:
-        >>> import jax, jax.numpy as jnp, linops as lo
-        >>> est = lo.diag(lo.Dense(jnp.array([[2.0, 1.0], [1.0, 3.0]])), method="hutchinson",
-        ...               key=jax.random.key(0), num_samples=400)
-        >>> est.value.shape, bool(jnp.all(jnp.abs(est.value - jnp.array([2.0, 3.0])) < 4 * est.standard_error))
-        ((2,), True)
-    """
-
-    value: Inexact[Array, "*shape"]
-    standard_error: Float[Array, "*shape"]
-    num_samples: int = eqx.field(static=True)
-
-    def __repr__(self):
-        def number(a):
-            if isinstance(a, jax.core.Tracer) or getattr(a, "ndim", 0) != 0:
-                return repr(a)  # traced, or batched (vmapped): no single number to show
-            return f"{float(a):.6g}"
-
-        return (f"Estimate(value={number(self.value)}, standard_error={number(self.standard_error)}, "
-                f"num_samples={self.num_samples})")
-
-
-def _rademacher(key, A, num_samples, what):
-    if key is None:
-        raise ValueError(f"{what}: a stochastic estimate needs an explicit PRNG key (key=jax.random.key(0))")
-    if num_samples < 2:
-        raise ValueError(f"{what}: num_samples must be >= 2 to report a standard error, got {num_samples}")
-    return jax.random.rademacher(key, (A.shape[1], num_samples), dtype=A.dtype)
-
-
-def hutchinson(A: LinearOperator, key: PRNGKeyArray | None, num_samples: int = 64, *, mesh=None,
-               axis: str = "data") -> Estimate:
-    r"""Hutchinson's trace estimate $\frac1s \sum_i z_i^\top A z_i$ with Rademacher $z_i$.
-
-    Returns the estimate and its standard error (sample standard deviation over $\sqrt s$). With a
-    ``mesh`` (a `jax.sharding.Mesh`), the probes are split over its devices along ``axis``
-    (`sharded_mm`); the estimate is the same as without.
-
-    Examples:
-        >>> import jax, jax.numpy as jnp, linops as lo
-        >>> est = lo.hutchinson(lo.Diagonal(jnp.arange(4.0)), jax.random.key(0), 16)
-        >>> est.value, est.standard_error   # exact for a diagonal operator
-        (Array(6., dtype=float32), Array(0., dtype=float32))
-        >>> est
-        Estimate(value=6, standard_error=0, num_samples=16)
-    """
-    _check_op(A, "hutchinson")
-    check_square(A, "hutchinson")
-    Z = _rademacher(key, A, num_samples, "hutchinson")
-    if mesh is None:
-        AZ = A.mm(Z)
-    else:
-        from linops.algebra._sharding import sharded_mm
-
-        AZ = sharded_mm(A, Z, mesh, axis)
-    samples = jnp.sum(Z * AZ, axis=0)
-    return Estimate(jnp.mean(samples), jnp.std(samples, ddof=1) / jnp.sqrt(num_samples), num_samples)
 
 
 def logdet(A: LinearOperator, *, method: str | None = None) -> Float[Array, ""]:
@@ -474,7 +405,7 @@ def logdet(A: LinearOperator, *, method: str | None = None) -> Float[Array, ""]:
         >>> lo.logdet(lo.LowRank(U, jnp.array([1.0])) + lo.Identity(2))   # log 3
         Array(1.0986123, dtype=float32)
     """
-    _check_op(A, "logdet")
+    check_operator(A, "logdet")
     check_square(A, "logdet")
     _check_method("logdet", method, (None, "dense"))
     if method is None:
@@ -495,7 +426,7 @@ def eigh(A: LinearOperator, *, method: str | None = None) -> tuple[Float[Array, 
         >>> w, Q @ jnp.array([1.0, 0.0])
         (Array([1., 3.], dtype=float32), Array([0., 1.], dtype=float32))
     """
-    _check_op(A, "eigh")
+    check_operator(A, "eigh")
     check_square(A, "eigh")
     _check_method("eigh", method, (None, "dense"))
     _check_symmetric(A, "eigh")
@@ -508,5 +439,5 @@ def eigh(A: LinearOperator, *, method: str | None = None) -> tuple[Float[Array, 
     return closed_forms.eigh(Dense(A.as_matrix(), tags={_tags.symmetric}))
 
 
-__all__ = ["Estimate", "shift", "solve", "inv", "pinv", "sqrt", "diag", "trace", "logdet", "eigh",
-           "hutchinson", "factorize", "root", "eigendecompose", "eigvalsh"]
+__all__ = ["shift", "solve", "inv", "pinv", "sqrt", "diag", "trace", "logdet", "eigh", "factorize", "root",
+           "eigendecompose", "eigvalsh"]
