@@ -98,6 +98,7 @@ def test_classification_ggn_predictives_and_evidence_match(structure):
     assert_close(pst.marginal_log_likelihood(post), la.log_marginal_likelihood().item(), rtol=1e-10)
 
 
+@pytest.mark.slow  # 40 s alone, 100 s beside the rest of the suite: 500 epochs of each library, twice
 def test_marglik_training_learns_laplace_torchs_prior_and_noise():
     """Issue 34's parity goal: on one MLP and data, the final prior precision, noise and log evidence of
     `pst.marglik_training` within 10% of laplace-torch's `marglik_training` (full batch, the same Adam, the same
