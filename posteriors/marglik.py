@@ -279,7 +279,7 @@ def marglik_training(fn, params, data, likelihood, *, key: jax.Array, num_epochs
     $\log\sigma$); the training then goes on under the new prior and noise. The evidence means something only
     for a network trained under the prior it tunes. Measured on small CNNs (the docs' how-to "Calibrated without
     validation data"), the network it trains is well calibrated with no validation data, but its linearised
-    predictive can stay under-confident: it then warns, comparing the two on the first `CHECK_EXAMPLES`
+    predictive can stay under-confident: it then warns, comparing the two on the first 256
     training examples.
 
     Args:
