@@ -213,12 +213,14 @@ def swag(fn, params, data, likelihood: Likelihood, *, key: jax.Array, num_snapsh
         raise ValueError(f"{who}: rank must be 0 (SWAG-diagonal) or between 2 and num_snapshots = {num_snapshots} "
                          f"(D D^T / (K - 1) needs K >= 2 deviations), got {rank}")
     check_step_settings(who, learning_rate, prior_precision)
-    mean, variance, deviations, count = _sgd_moments(
+    mean, variance, deviations, _ = _sgd_moments(
         fn, params, data, likelihood, key=key, num_steps=num_snapshots * collect_every, collect_every=collect_every,
         learning_rate=learning_rate, batch_size=batch_size, prior_precision=prior_precision, momentum=momentum,
         rank=rank, label=who if progress else None)
     unravel = ravel(params)[1]
-    return SWAGPosterior(fn, unravel(mean), variance, deviations, num_snapshots=int(count))
+    # every collect_every-th of num_snapshots * collect_every steps is collected: the count is num_snapshots, a
+    # Python int (not the loop's traced counter), so that swag traces under jit and eval_shape
+    return SWAGPosterior(fn, unravel(mean), variance, deviations, num_snapshots=num_snapshots)
 
 
 __all__ = ["SWAGPosterior", "swag"]

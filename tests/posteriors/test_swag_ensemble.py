@@ -220,3 +220,30 @@ def test_swag_and_ensembles_round_trip_through_save_and_load(tmp_path):
         pst.save(obj, path)
         back = pst.load(path, obj)
         assert bool(jnp.all(back.sample(jax.random.key(1), 3) == obj.sample(jax.random.key(1), 3)))
+
+
+def test_swag_and_the_ensemble_trace_under_jit_and_eval_shape():
+    """Issue 37: ``swag`` under ``jit`` or ``eqx.filter_eval_shape`` raised ``ConcretizationTypeError`` (it read its
+    snapshot count back from the traced loop). Traced, both give the eager values."""
+    import equinox as eqx
+
+    fn, W0, X, Y = _linear_problem()
+
+    def fit_swag(w):
+        return pst.swag(fn, w, (X, Y), Gaussian(1.0), key=jax.random.key(1), num_snapshots=4, collect_every=2,
+                        batch_size=4, progress=False)
+
+    eager, traced = fit_swag(W0), eqx.filter_jit(fit_swag)(W0)
+    assert traced.num_snapshots == eager.num_snapshots == 4
+    for a, b in ((eager.mean, traced.mean), (eager.variance, traced.variance), (eager.deviations, traced.deviations)):
+        assert_close(b, a, rtol=1e-6, atol=1e-12)
+    assert float(jnp.max(eager.variance)) > 0  # the comparison is not of zeros
+    shapes = eqx.filter_eval_shape(fit_swag, W0)
+    assert shapes.variance.shape == eager.variance.shape and shapes.deviations.shape == eager.deviations.shape
+
+    def fit_ensemble(w):
+        init = lambda k: w + 0.1 * jax.random.normal(k, w.shape)  # noqa: E731
+        return pst.deep_ensemble(fn, init, (X, Y), Gaussian(1.0), key=jax.random.key(2), num_members=2, num_steps=5,
+                                 batch_size=4, progress=False)
+
+    assert_close(eqx.filter_jit(fit_ensemble)(W0).members, fit_ensemble(W0).members, rtol=1e-6, atol=1e-12)
