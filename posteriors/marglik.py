@@ -29,7 +29,7 @@ from linops.runtime import canonical_convolutions, new_bar, program, tick, updat
 from posteriors._checks import check_data, check_likelihood, check_params, check_targets
 from posteriors._prior import canonical_prior, check_sigma, noise_scale
 from posteriors._structures import REGISTRY
-from posteriors._training import positive_int
+from posteriors._training import minibatch_loss, positive_int
 from posteriors.laplace_family import STRUCTURES, LaplacePosterior, laplace
 from posteriors.weights import select
 
@@ -218,10 +218,10 @@ def _gridsearch(post, validation, grid, link, who, label=None, objective="nll"):
     if grid.ndim != 1 or grid.shape[0] < 2 or not bool(jnp.all(grid > 0)):
         raise ValueError(f"{who}: grid must be a 1-D array of at least two positive precisions, got {grid}")
     Xv, Yv = validation
+    Yv = _checked_nll_targets(post, Xv, Yv, post.likelihood)  # refused before any predictive
+    score = {"ece": metrics.ece, "brier": metrics.brier}.get(objective)
     bar = new_bar(label, grid.shape[0], "value") if label else None
     values = []
-    score = {"ece": metrics.ece, "brier": metrics.brier}.get(objective)
-    Yv = _checked_nll_targets(post, Xv, Yv, post.likelihood)  # refused before any predictive
     for a in grid:
         tuned = _with_subset_prior(post, a, None)
         if score is None:
@@ -441,15 +441,11 @@ def _epoch(fn, unravel, optimizer, theta, state, alpha, lik, X, Y, key, *, batch
 
     n = Y.shape[0]
     order = jax.random.permutation(key, n)[: (n // batch_size) * batch_size].reshape(-1, batch_size)
+    loss = minibatch_loss(fn, unravel, (X, Y), lik, alpha, theta.dtype)  # SWAG's and the ensemble's objective
 
     def step(carry, idx):
         th, st = carry
-
-        def loss(th):
-            out = jax.vmap(fn, in_axes=(None, 0))(unravel(th), jax.tree_util.tree_map(lambda a: a[idx], X))
-            return jnp.mean(jax.vmap(lik.nll)(out, Y[idx])) + 0.5 * jnp.sum(alpha * th**2) / n
-
-        value, grads = jax.value_and_grad(loss)(th)
+        value, grads = jax.value_and_grad(loss)(th, idx)
         updates, st = optimizer.update(grads, st, th)
         return (optax.apply_updates(th, updates), st), value
 
