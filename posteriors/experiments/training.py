@@ -29,6 +29,7 @@ import optax
 
 from linops.models import ravel
 from linops.runtime import canonical_convolutions
+from posteriors._training import positive_int
 
 
 def train(objective: Callable, params, data, *, steps: int, learning_rate: float | None = None,
@@ -69,8 +70,7 @@ def train(objective: Callable, params, data, *, steps: int, learning_rate: float
     """
     X, Y = data
     n = X.shape[0]
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"train: steps must be a positive integer; got {steps!r}")
+    steps = positive_int(steps, "steps", "train")
     batch = n if batch_size is None else min(int(batch_size), n)
     if key is None:
         if batch < n:

@@ -108,8 +108,8 @@ def test_an_optax_optimizer_replaces_adam():
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    ({"steps": 0, "learning_rate": 0.1}, "steps must be a positive integer"),
-    ({"steps": 2.5, "learning_rate": 0.1}, "steps must be a positive integer"),
+    ({"steps": 0, "learning_rate": 0.1}, "steps must be an integer >= 1"),
+    ({"steps": 2.5, "learning_rate": 0.1}, "steps must be an integer >= 1"),
     ({"steps": 5}, "give one of learning_rate"),
     ({"steps": 5, "learning_rate": 0.1, "optimizer": optax.sgd(0.1)}, "give one of learning_rate"),
     ({"steps": 5, "learning_rate": 0.1, "batch_size": 4}, "drawn with a key"),
