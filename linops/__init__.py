@@ -58,12 +58,14 @@ from linops.nn import (  # the network operators, re-exported: lo.GGNOp is linop
     KFAC,
     AlternatingProjectionOp,
     GGNOp,
+    HessianOp,
     JacobianOp,
     LossJacobianOp,
     Projection,
     StreamingGGNOp,
     kfac,
 )
+from linops.numerics import _slq  # noqa: F401  (registers logdet(method="slq"))
 from linops.numerics._lanczos import Lanczos, LanczosLowRankOp, lanczos
 
 __version__ = "0.1.0"
@@ -73,8 +75,8 @@ __all__ = [
     "Complement", "count_matmuls", "Dense", "diag",
     "Diagonal", "eigendecompose", "EigenDecomposed", "eigh", "eigvalsh", "Estimate", "factorize", "LU", "root",
     "Triangular",
-    "explain", "ExpressionTooDeepError", "from_lineax", "FunctionOp", "GGNOp", "hutchinson", "Identity", "inv",
-    "Inverse",
+    "explain", "ExpressionTooDeepError", "from_lineax", "FunctionOp", "GGNOp", "HessianOp", "hutchinson", "Identity",
+    "inv", "Inverse",
     "JacobianOp", "kernels", "KernelGramOp", "KFAC", "kfac", "Kronecker", "Lanczos", "lanczos", "LanczosLowRankOp",
     "likelihoods", "LinearOperator", "LineaxOp", "logdet",
     "LossJacobianOp", "lower", "Lowered", "LowRank", "max_nesting", "memory", "models", "nesting_depth", "nn",

@@ -6,10 +6,18 @@ Each likelihood works on ONE example's network output ``f`` of shape ``(O,)``:
 - `grad(f, y)`: $\partial \ell / \partial f$, shape ``(O,)``;
 - `hvp(f, y, u)`: $H u$ with $H = \partial^2 \ell / \partial f^2$ (closed forms, no autodiff);
 - `hessian(f, y)`: $H$ as a PSD operator (``O x O``);
-- `hessian_factor(f, y)`: an ``(O, O)`` matrix $A$ with $A^\top A = H$ (a square root of $H$).
+- `hessian_factor(f, y)`: a ``(K, O)`` matrix $A$ with $A^\top A = H$ (a square root of $H$; ``K`` is
+  `factor_rows`, ``O`` for the likelihoods themselves);
+- `sample(key, f, n)`: ``n`` targets drawn from $p(y \mid f)$.
+
+Other curvatures than the GGN are likelihoods too: `EmpiricalFisher` and `MonteCarloFisher` wrap a
+likelihood and replace its output Hessian by $g g^\top$ ($g = \partial\ell/\partial f$ at the observed
+target) or by its average over targets sampled from the model. Every operator and rule that takes a
+likelihood (`linops.GGNOp`, its exact diagonal, `linops.kfac`) then computes that curvature.
 
 Closed forms: Gaussian $I/\sigma^2$; categorical $\operatorname{diag}(p) - p p^\top$ with
-$p = \operatorname{softmax}(f)$; Bernoulli $\operatorname{diag}(p (1 - p))$ with $p = \sigma(f)$.
+$p = \operatorname{softmax}(f)$; Bernoulli $\operatorname{diag}(p (1 - p))$ with $p = \sigma(f)$; a heteroscedastic
+Gaussian (the network predicts mean and log-variance) its Fisher $\operatorname{diag}(e^{-s}, \tfrac12)$.
 
 Examples:
     >>> import jax.numpy as jnp
@@ -49,6 +57,14 @@ class Likelihood(eqx.Module):
 
     def hessian_factor(self, f, y):
         raise NotImplementedError
+
+    def factor_rows(self, num_outputs: int) -> int:
+        """``K``: the rows of `hessian_factor` for ``num_outputs`` outputs (``O`` unless a subclass says less)."""
+        return num_outputs
+
+    def sample(self, key, f, n: int):
+        """``n`` targets of one example drawn from $p(y \\mid f)$, stacked on a leading axis."""
+        raise NotImplementedError(f"{type(self).__name__} has no sample(key, f, n): a Monte-Carlo Fisher needs it")
 
     def check(self, num_outputs: int, targets, num_examples: int, who: str) -> None:
         """Raise a `ValueError` naming ``who`` when the targets do not fit this likelihood."""
@@ -123,6 +139,9 @@ class Gaussian(Likelihood):
     def hessian_factor(self, f, y):
         return jnp.diag(1.0 / jnp.sqrt(self._var(f)))
 
+    def sample(self, key, f, n):
+        return f[None] + jnp.sqrt(self._var(f))[None] * jax.random.normal(key, (n,) + f.shape, f.dtype)
+
     def check(self, num_outputs, targets, num_examples, who):
         if jnp.shape(targets) != (num_examples, num_outputs):
             raise _target_shape_error(who, self, (num_examples, num_outputs), targets)
@@ -136,6 +155,63 @@ class Gaussian(Likelihood):
             expected = f"({num_examples},) or ({num_examples}, {num_outputs})" if self.heteroscedastic else \
                 f"() or ({num_outputs},)"
             raise ValueError(f"{who}: Gaussian sigma must have shape {expected}, got {s}")
+
+
+class HeteroscedasticGaussian(Likelihood):
+    r"""Gaussian noise the network predicts: outputs $f = (\mu, s)$ of shape ``(2 O,)``, a mean $\mu$ and a
+    log-variance $s$ per target, $y \sim \mathcal N(\mu, e^{s})$, targets ``(O,)``.
+
+    The GGN's output curvature is the Fisher information of $(\mu, s)$, $H = \operatorname{diag}(e^{-s},
+    \tfrac12)$: the expected Hessian of $\ell$ under the model (the Hessian itself, $\partial^2_s \ell =
+    \tfrac12 (y - \mu)^2 e^{-s}$ with a cross term $(\mu - y) e^{-s}$, is not PSD; ``curvature="hessian"``
+    uses it). Not `Gaussian` with ``heteroscedastic=True``, whose per-example noise is known data.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from linops.likelihoods import HeteroscedasticGaussian
+        >>> f = jnp.array([0.0, jnp.log(4.0)])                   # mean 0, variance 4
+        >>> HeteroscedasticGaussian().hessian(f, jnp.zeros(1)).as_matrix()
+        Array([[0.25, 0.  ],
+               [0.  , 0.5 ]], dtype=float32)
+    """
+
+    @staticmethod
+    def _split(f):
+        o = f.shape[0] // 2
+        return f[:o], f[o:]
+
+    def nll(self, f, y):
+        mu, s = self._split(f)
+        return 0.5 * jnp.sum((y - mu) ** 2 * jnp.exp(-s) + s + jnp.log(2 * jnp.pi))
+
+    def grad(self, f, y):
+        mu, s = self._split(f)
+        r2 = (y - mu) ** 2 * jnp.exp(-s)
+        return jnp.concatenate([(mu - y) * jnp.exp(-s), 0.5 * (1 - r2)])
+
+    def _w(self, f):
+        _, s = self._split(f)
+        return jnp.concatenate([jnp.exp(-s), jnp.full(s.shape, 0.5, f.dtype)])
+
+    def hvp(self, f, y, u):
+        return self._w(f) * u
+
+    def hessian(self, f, y):
+        return Diagonal(self._w(f), nonnegative=True)
+
+    def hessian_factor(self, f, y):
+        return jnp.diag(jnp.sqrt(self._w(f)))
+
+    def sample(self, key, f, n):
+        mu, s = self._split(f)
+        return mu[None] + jnp.exp(0.5 * s)[None] * jax.random.normal(key, (n,) + mu.shape, f.dtype)
+
+    def check(self, num_outputs, targets, num_examples, who):
+        if num_outputs % 2:
+            raise ValueError(f"{who}: a HeteroscedasticGaussian needs a model with 2 O outputs (O means, then O "
+                             f"log-variances), got {num_outputs}")
+        if jnp.shape(targets) != (num_examples, num_outputs // 2):
+            raise _target_shape_error(who, self, (num_examples, num_outputs // 2), targets)
 
 
 class Categorical(Likelihood):
@@ -166,6 +242,9 @@ class Categorical(Likelihood):
         p = jax.nn.softmax(f)
         s = jnp.sqrt(p)
         return jnp.diag(s) - jnp.outer(s, p)
+
+    def sample(self, key, f, n):
+        return jax.random.categorical(key, f, shape=(n,))
 
     def check(self, num_outputs, targets, num_examples, who):
         t = jnp.asarray(targets)
@@ -215,9 +294,153 @@ class Bernoulli(Likelihood):
     def hessian_factor(self, f, y):
         return jnp.diag(jnp.sqrt(self._w(f)))
 
+    def sample(self, key, f, n):
+        return jax.random.bernoulli(key, jnp.broadcast_to(jax.nn.sigmoid(f), (n,) + f.shape)).astype(f.dtype)
+
     def check(self, num_outputs, targets, num_examples, who):
         if jnp.shape(targets) != (num_examples, num_outputs):
             raise _target_shape_error(who, self, (num_examples, num_outputs), targets)
 
 
-__all__ = ["Bernoulli", "Categorical", "Gaussian", "Likelihood"]
+class EmpiricalFisher(Likelihood):
+    r"""The empirical Fisher's output curvature $g g^\top$, $g = \partial \ell(f, y)/\partial f$ at the observed
+    target, in place of ``base``'s Hessian: with it `linops.GGNOp` is $\sum_n \nabla_\theta \ell_n
+    \nabla_\theta \ell_n^\top$ (one reverse pass per example). ``nll``, ``grad``, ``sample`` and the checks
+    are ``base``'s.
+
+    Not the Fisher: it is the outer product of the training gradients, which vanish where the network fits its
+    targets (Kunstner et al., 2019); it scales with the Gaussian noise as $\sigma^{-4}$, the GGN as $\sigma^{-2}$.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from linops.likelihoods import Categorical, EmpiricalFisher
+        >>> EmpiricalFisher(Categorical()).hessian_factor(jnp.zeros(2), jnp.asarray(0))   # g = softmax - e_0
+        Array([[-0.5,  0.5]], dtype=float32)
+    """
+
+    base: Likelihood
+
+    def __init__(self, base: Likelihood):
+        if not isinstance(base, Likelihood) or isinstance(base, EmpiricalFisher | MonteCarloFisher):
+            raise TypeError(f"EmpiricalFisher: base must be a likelihood (not a curvature), got {type(base).__name__}")
+        self.base = base
+
+    @property
+    def per_example(self) -> bool:
+        return self.base.per_example
+
+    def nll(self, f, y):
+        return self.base.nll(f, y)
+
+    def grad(self, f, y):
+        return self.base.grad(f, y)
+
+    def hvp(self, f, y, u):
+        g = self.base.grad(f, y)
+        return g * jnp.dot(g, u)
+
+    def hessian(self, f, y):
+        g = self.base.grad(f, y)
+        return Dense(jnp.outer(g, g), tags={"psd"})
+
+    def hessian_factor(self, f, y):
+        return self.base.grad(f, y)[None, :]
+
+    def factor_rows(self, num_outputs):
+        return 1
+
+    def sample(self, key, f, n):
+        return self.base.sample(key, f, n)
+
+    def check(self, num_outputs, targets, num_examples, who):
+        self.base.check(num_outputs, targets, num_examples, who)
+
+
+class MonteCarloFisher(Likelihood):
+    r"""A Monte-Carlo Fisher: ``base``'s output Hessian replaced by $\frac1S \sum_{s=1}^S g_s g_s^\top$,
+    $g_s = \partial \ell(f, \hat y_s)/\partial f$ at targets $\hat y_s \sim p(y \mid f)$ drawn from the model.
+
+    Its expectation is the Fisher, which for the Gaussian, categorical and Bernoulli likelihoods is their
+    output Hessian: the GGN. Each example's draws need their own key, so the targets are a pair
+    ``(Y, keys)``: `with_keys` builds it (one key per example from one ``key``), and the draws are the same
+    wherever the pair goes (every batch size, every device, every structure). ``nll`` and ``grad`` read the
+    observed ``Y``.
+
+    Args:
+        base: the likelihood whose targets are drawn (it needs `Likelihood.sample`).
+        num_samples: $S$, the draws per example (the factor's rows).
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, linops as lo
+        >>> from linops.likelihoods import Gaussian, MonteCarloFisher
+        >>> fn = lambda w, x: (x @ w)[None]
+        >>> X, Y = jnp.eye(2), jnp.zeros((2, 1))
+        >>> mc = MonteCarloFisher(Gaussian(1.0), num_samples=10_000)
+        >>> G = lo.GGNOp(fn, jnp.zeros(2), X, mc.with_keys(Y, jax.random.key(0)), mc)
+        >>> bool(jnp.allclose(G.as_matrix(), jnp.eye(2), atol=0.05))     # E[g g^T] = 1/sigma^2
+        True
+    """
+
+    base: Likelihood
+    num_samples: int = eqx.field(static=True)
+
+    def __init__(self, base: Likelihood, num_samples: int = 1):
+        if not isinstance(base, Likelihood) or isinstance(base, EmpiricalFisher | MonteCarloFisher):
+            raise TypeError(f"MonteCarloFisher: base must be a likelihood (not a curvature), got "
+                            f"{type(base).__name__}")
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int | np.integer) or num_samples < 1:
+            raise ValueError(f"MonteCarloFisher: num_samples must be a positive integer, got {num_samples!r}")
+        self.base, self.num_samples = base, int(num_samples)
+
+    @staticmethod
+    def with_keys(targets, key):
+        """``(targets, keys)``: one key per example (the raw key data, ``(N, k)`` unsigned integers), split from
+        ``key``."""
+        n = jax.tree_util.tree_leaves(targets)[0].shape[0]
+        if not jnp.issubdtype(jnp.asarray(key).dtype if not hasattr(key, "dtype") else key.dtype,
+                              jax.dtypes.prng_key):
+            key = jax.random.wrap_key_data(key)
+        return targets, jax.random.key_data(jax.random.split(key, n))
+
+    @property
+    def per_example(self) -> bool:
+        return self.base.per_example
+
+    def nll(self, f, y):
+        return self.base.nll(f, y[0])
+
+    def grad(self, f, y):
+        return self.base.grad(f, y[0])
+
+    def hessian_factor(self, f, y):
+        draws = self.base.sample(jax.random.wrap_key_data(y[1]), jax.lax.stop_gradient(f), self.num_samples)
+        return jax.vmap(lambda t: self.base.grad(f, t))(draws) / jnp.sqrt(jnp.asarray(self.num_samples, f.dtype))
+
+    def hvp(self, f, y, u):
+        A = self.hessian_factor(f, y)
+        return A.T @ (A @ u)
+
+    def hessian(self, f, y):
+        A = self.hessian_factor(f, y)
+        return Dense(A.T @ A, tags={"psd"})
+
+    def factor_rows(self, num_outputs):
+        return self.num_samples
+
+    def sample(self, key, f, n):
+        return self.base.sample(key, f, n)
+
+    def check(self, num_outputs, targets, num_examples, who):
+        if not (isinstance(targets, tuple) and len(targets) == 2):
+            raise ValueError(f"{who}: a MonteCarloFisher needs targets (Y, keys): "
+                             "MonteCarloFisher.with_keys(Y, key) builds them")
+        Y, keys = targets
+        self.base.check(num_outputs, Y, num_examples, who)
+        k = jnp.asarray(keys) if not isinstance(keys, jax.Array) else keys
+        if k.ndim != 2 or k.shape[0] != num_examples or not jnp.issubdtype(k.dtype, jnp.unsignedinteger):
+            raise ValueError(f"{who}: a MonteCarloFisher's keys must be raw key data of shape ({num_examples}, k) "
+                             f"(MonteCarloFisher.with_keys), got {k.dtype}{tuple(k.shape)}")
+
+
+__all__ = ["Bernoulli", "Categorical", "EmpiricalFisher", "Gaussian", "HeteroscedasticGaussian", "Likelihood",
+           "MonteCarloFisher"]

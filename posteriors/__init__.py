@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from posteriors.fsp import FSPInfo, FSPLaplacePosterior, GPPrior, fsp_laplace, fsp_objective, rkhs_norm
     from posteriors.gaussian import AbstractLowRankPosterior, GaussianPosterior, LowRankPosterior
     from posteriors.io import load, save
-    from posteriors.laplace_family import STRUCTURES, LaplacePosterior, laplace
+    from posteriors.laplace_family import CURVATURES, STRUCTURES, LaplacePosterior, laplace
     from posteriors.marglik import MarglikTraining, marginal_log_likelihood, marglik_training, optimize_prior_precision
     from posteriors.projected import (
         ProjectedPosterior,
@@ -42,7 +42,7 @@ _HOMES = {
     "posteriors.fsp": ("FSPInfo", "FSPLaplacePosterior", "GPPrior", "fsp_laplace", "fsp_objective", "rkhs_norm"),
     "posteriors.gaussian": ("AbstractLowRankPosterior", "GaussianPosterior", "LowRankPosterior"),
     "posteriors.io": ("load", "save"),
-    "posteriors.laplace_family": ("STRUCTURES", "LaplacePosterior", "laplace"),
+    "posteriors.laplace_family": ("CURVATURES", "STRUCTURES", "LaplacePosterior", "laplace"),
     "posteriors.weights": ("last_layer_leaves",),
     "posteriors.marglik": ("MarglikTraining", "marginal_log_likelihood", "marglik_training",
                            "optimize_prior_precision"),

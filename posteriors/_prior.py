@@ -97,10 +97,13 @@ def check_sigma(post, sigma, who):
 
 def noise_scale(post, sigma):
     """``(s, loss)`` at the Gaussian noise ``sigma`` (checked by `check_sigma`, or traced while tuning): the GGN's
-    scale $s = \\sigma^2/\\sigma_0^2$ and the evidence's data term. The stored GGN was computed at the fit's
-    noise $\\sigma_0^2$ = ``likelihood.sigma**2 / noise_scale``."""
-    sigma0_sq = post.likelihood.sigma**2 / post.noise_scale
-    return sigma**2 / sigma0_sq, gaussian_loss(post.residual_ss, post.num_examples, sigma)
+    scale $s = \\sigma^2/\\sigma_0^2$ ($s^2$ for the empirical Fisher) and the evidence's data term. The
+    stored GGN was computed at the fit's noise $\\sigma_0^2$ = ``likelihood.sigma**2 / noise_scale`` (its square
+    root for the empirical Fisher)."""
+    # the empirical Fisher's gradients carry 1/sigma^2 each: it scales as sigma^-4, the stored scale is s^2
+    power = 2 if getattr(post, "curvature", "ggn") == "ef" else 1
+    sigma0_sq = post.likelihood.sigma**2 / post.noise_scale ** (1 / power)
+    return (sigma**2 / sigma0_sq) ** power, gaussian_loss(post.residual_ss, post.num_examples, sigma)
 
 
 __all__ = ["canonical_prior", "check_sigma", "gaussian_loss", "noise_scale"]

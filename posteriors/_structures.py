@@ -47,6 +47,7 @@ class FitRequest(NamedTuple):
     who: str
     kfac_approximation: str = "expand"
     progress: str | None = None  # the label of a progress bar over the data's batches, or None
+    curvature: str = "ggn"  # "ggn", "ef", "fisher" (G and likelihood are then theirs) or "hessian" (G a HessianOp)
 
 
 REGISTRY: dict[str, type] = {}
@@ -120,6 +121,12 @@ class StructuredGGN(eqx.Module):
         """What products and samples at this ``(alpha, scale)`` reuse (e.g. a Cholesky factor)."""
         return None
 
+    def definite(self, alpha, scale) -> jax.Array:
+        """Whether the precision at ``(alpha, scale)`` is positive definite, where the factorisation does not
+        already say so (a non-finite Cholesky factor); True for a PSD curvature, which a positive prior makes
+        definite."""
+        return jnp.asarray(True)
+
     @abc.abstractmethod
     def precision(self, alpha, scale) -> lo.LinearOperator:
         """$G/s + \\operatorname{diag}\\alpha$ as a linops operator."""
@@ -158,6 +165,7 @@ class FullGGN(StructuredGGN):
     compile_fit = True
 
     G: jax.Array
+    psd: bool = eqx.field(static=True, default=True)  # False: a Hessian, possibly indefinite
 
     @classmethod
     def fit(cls, r):
@@ -170,7 +178,7 @@ class FullGGN(StructuredGGN):
                    "GGN, the precision and its Cholesky factor)", "use structure='diag', 'kfac' or 'lowrank', or "
                    "subset_of_weights='last_layer'")
         if per_example is None:
-            return cls(r.G.as_matrix()), None
+            return cls(r.G.as_matrix(), psd=r.curvature != "hessian"), None
         G, sums = r.G._as_matrix(per_example)  # the sums from the Kronecker blocks' pass (a last layer, an MLP)
         return cls(G), sums
 
@@ -182,6 +190,7 @@ class FullGGN(StructuredGGN):
         return lo.factorize(self.precision(alpha, scale)).factor.matrix
 
     def precision(self, alpha, scale):
+        # a Hessian's precision is PSD where it is used: its Cholesky factor is checked finite (`definite`)
         return lo.Dense(self._Lambda(alpha, scale), tags={"psd"})
 
     def covariance(self, alpha, scale, factor):
@@ -194,7 +203,9 @@ class FullGGN(StructuredGGN):
     def logdet_fn(self, scalar_alpha):
         if not scalar_alpha:
             return self.logdet
-        w = jnp.clip(lo.eigvalsh(lo.Dense(self.G, tags={"psd"})), 0.0)  # once: then O(P) per evaluation
+        w = lo.eigvalsh(lo.Dense(self.G, tags={"symmetric"}))  # once: then O(P) per evaluation
+        if self.psd:  # round-off leaves tiny negative eigenvalues of a PSD GGN; a Hessian's are its own (NaN below)
+            w = jnp.clip(w, 0.0)
         return lambda alpha, scale: jnp.sum(jnp.log(w / scale + alpha))
 
     def quadratic_rows(self, J, alpha, scale, factor):
@@ -210,10 +221,16 @@ class DiagGGN(StructuredGGN):
     compile_fit = True
 
     g: jax.Array
+    psd: bool = eqx.field(static=True, default=True)  # False: a Hessian's diagonal, possibly negative
 
     @classmethod
     def fit(cls, r):
+        if r.curvature == "hessian":  # no closed form: P Hessian-vector products with the unit vectors
+            return cls(lo.diag(r.G, method="exact"), psd=False)
         return cls(lo.diag(r.G))
+
+    def definite(self, alpha, scale):
+        return jnp.asarray(True) if self.psd else jnp.all(self.g / scale + alpha > 0)
 
     def precision(self, alpha, scale):
         return lo.Diagonal(self.g / scale + alpha, nonnegative=True)
@@ -232,6 +249,7 @@ class LowRankGGN(StructuredGGN):
 
     U: jax.Array
     lam: jax.Array
+    psd: bool = eqx.field(static=True, default=True)  # False: a Hessian's top eigenpairs (negative ones clipped)
 
     @classmethod
     def fit(cls, r):
@@ -241,7 +259,7 @@ class LowRankGGN(StructuredGGN):
         if r.rank is None:
             raise ValueError(f"{r.who}(structure='lowrank'): pass rank=k, the number of GGN eigenpairs kept")
         low = lo.LanczosLowRankOp(r.G, r.rank, r.key, num_steps=r.num_steps, progress=r.progress)
-        return cls(low.U, low.d)
+        return cls(low.U, low.d, psd=r.curvature != "hessian")
 
     def precision(self, alpha, scale):
         P = self.U.shape[0]

@@ -10,6 +10,7 @@ refactorisation (`LaplacePosterior.with_prior`), which is what evidence maximisa
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import linops as lo
-from linops.likelihoods import Gaussian, Likelihood
+from linops.likelihoods import EmpiricalFisher, Gaussian, Likelihood, MonteCarloFisher
 from linops.models import example_spec, unravel_of
 from linops.runtime import program
 from posteriors import _structures as S
@@ -31,6 +32,10 @@ from posteriors.gaussian import GaussianPosterior
 
 STRUCTURES = tuple(S.REGISTRY)
 """The curvature structures `laplace` accepts as ``structure=`` (`posteriors._structures.REGISTRY`)."""
+
+CURVATURES = ("ggn", "ef", "fisher", "hessian")
+"""The curvatures `laplace` accepts as ``curvature=``: the generalised Gauss-Newton matrix (default), the
+empirical Fisher, a Monte-Carlo Fisher and the Hessian of the data term (see `laplace`)."""
 
 
 class LaplacePosterior(GaussianPosterior):
@@ -49,6 +54,8 @@ class LaplacePosterior(GaussianPosterior):
         residual_ss: for a Gaussian likelihood, $\sum_n (y_n - f(\theta^*, x_n))^2$ per output
             (to re-tune the noise); None otherwise.
         num_examples: $N$.
+        curvature: what $G$ is (`CURVATURES`): ``"ggn"``, ``"ef"`` (empirical Fisher), ``"fisher"``
+            (Monte-Carlo Fisher) or ``"hessian"``; ``ggn`` holds it whichever it is.
     """
 
     likelihood: Likelihood
@@ -60,6 +67,7 @@ class LaplacePosterior(GaussianPosterior):
     residual_ss: jax.Array | None
     num_examples: int = eqx.field(static=True)
     factor: object
+    curvature: str = eqx.field(static=True, default="ggn")
 
     @property
     def structure(self) -> str:
@@ -104,7 +112,7 @@ class LaplacePosterior(GaussianPosterior):
             sigma = check_sigma(self, sigma, "with_prior")
         reprior = _reprior_compiled if self.ggn.compile_fit else _reprior
         new, finite = reprior(self, alpha, sigma)
-        _check_factor(finite, alpha, new.noise_scale, jnp.result_type(alpha), "with_prior")
+        _check_factor(finite, alpha, new.noise_scale, jnp.result_type(alpha), "with_prior", self.curvature)
         return new
 
 
@@ -128,10 +136,11 @@ def _all_finite(tree) -> jax.Array:
 
 
 def _factor_and_check(ggn, alpha, scale):
-    return (factor := ggn.factorize(alpha, scale)), _all_finite(factor)
+    factor = ggn.factorize(alpha, scale)
+    return factor, _all_finite(factor) & ggn.definite(alpha, scale)
 
 
-def _check_factor(finite, alpha, scale, dtype, who) -> None:
+def _check_factor(finite, alpha, scale, dtype, who, curvature="ggn") -> None:
     """Refuse a factorisation that is not finite (``finite``: `_all_finite` of it).
 
     A Cholesky factor of a precision that is not numerically positive definite (a rank-deficient GGN with
@@ -143,6 +152,12 @@ def _check_factor(finite, alpha, scale, dtype, who) -> None:
         return
     a = np.asarray(alpha)
     prior = f"{float(a):.3g}" if a.size == 1 else f"in [{float(a.min()):.3g}, {float(a.max()):.3g}]"
+    if curvature == "hessian":
+        raise ValueError(
+            f"{who}: the posterior precision (Hessian / {float(scale):.3g} + prior precision {prior}) is not "
+            "positive definite: the Hessian of the data term is indefinite (negative curvature) beyond what this "
+            "prior precision covers. Use a prior precision above its most negative eigenvalue's magnitude, or "
+            "curvature='ggn' (PSD by construction)")
     raise ValueError(
         f"{who}: the posterior precision (GGN / {float(scale):.3g} + prior precision {prior}) is not "
         f"numerically positive definite in {dtype}: its Cholesky factor is not finite. Use a "
@@ -153,9 +168,10 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
             subset_of_weights="all", prior_precision=1.0, batch_size: int | None = None, rank: int | None = None,
             num_steps: int | None = None, key: jax.Array | None = None, last_layer: str | None = None,
             kfac_fallback: str | None = "diag", kfac_approximation: str = "expand", mesh=None,
-            progress: bool = True) -> LaplacePosterior:
+            progress: bool = True, curvature: str = "ggn", num_samples: int = 1) -> LaplacePosterior:
     r"""The linearised Laplace posterior $\mathcal N(\theta^*, (G + \operatorname{diag}\alpha)^{-1})$ over the
-    chosen weights, in the chosen curvature structure: two independent axes, as in laplace-torch.
+    chosen weights, in the chosen curvature structure: two independent axes, as in laplace-torch, and a third,
+    which curvature $G$ is (the GGN by default).
 
     Args:
         fn: per-example model ``fn(params, x) -> (O,)``; ``params`` the trained $\theta^*$.
@@ -190,6 +206,17 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
         progress: a progress bar on stderr over the data's batches while the GGN is formed (the
             ``"full"``, ``"diag"`` and ``"kfac"`` fits, on one device) or over the Lanczos steps
             (``"lowrank"``), shown once the fit runs longer than two seconds; False silences it.
+        curvature: what $G$ is (`CURVATURES`), in every structure unless said: ``"ggn"`` (default)
+            $\sum_n J_n^\top H_n J_n$; ``"ef"`` the empirical Fisher $\sum_n \nabla\ell_n \nabla\ell_n^\top$
+            (gradients at the observed targets; `linops.likelihoods.EmpiricalFisher`); ``"fisher"`` a
+            Monte-Carlo Fisher, the same with ``num_samples`` targets per example drawn from the model (needs
+            ``key``; `linops.likelihoods.MonteCarloFisher`); ``"hessian"`` the exact Hessian of the data term by
+            Hessian-vector products (`linops.HessianOp`; ``"full"``, ``"diag"`` by ``P`` products with the unit
+            vectors, or ``"lowrank"``; not ``"kfac"``). A Hessian can be indefinite: a posterior whose precision
+            is not positive definite is refused, and negative eigenvalues a low-rank fit keeps are clipped to 0
+            with a warning. The empirical Fisher scales with a re-tuned Gaussian noise as $\sigma^{-4}$, the
+            others as $\sigma^{-2}$ (``with_prior(sigma=...)`` knows).
+        num_samples: ``"fisher"``'s draws per example.
 
     Returns:
         A `LaplacePosterior`.
@@ -217,7 +244,7 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
     return _laplace(fn, params, data, likelihood, structure=structure, subset_of_weights=subset_of_weights,
                     prior_precision=prior_precision, batch_size=batch_size, rank=rank, num_steps=num_steps, key=key,
                     last_layer=last_layer, kfac_fallback=kfac_fallback, kfac_approximation=kfac_approximation,
-                    mesh=mesh, label=label, who="laplace")
+                    mesh=mesh, label=label, who="laplace", curvature=curvature, num_samples=num_samples)
 
 
 def _describe(spec) -> str:
@@ -227,11 +254,22 @@ def _describe(spec) -> str:
 
 
 def _laplace(fn, params, data, likelihood, *, structure, subset_of_weights, prior_precision, batch_size, rank,
-             num_steps, key, last_layer, kfac_fallback, kfac_approximation, mesh, label, who):
+             num_steps, key, last_layer, kfac_fallback, kfac_approximation, mesh, label, who, curvature="ggn",
+             num_samples=1):
     """`laplace` for a caller named ``who`` in errors, with the progress bar's ``label`` (None: no bar)."""
     if structure not in S.REGISTRY:
         hint = " (the last layer is subset_of_weights='last_layer' now)" if structure == "last_layer" else ""
         raise ValueError(f"{who}: unknown structure {structure!r}; expected one of {tuple(S.REGISTRY)}{hint}")
+    if curvature not in CURVATURES:
+        raise ValueError(f"{who}: unknown curvature {curvature!r}; expected one of {CURVATURES}")
+    if curvature == "hessian" and structure == "kfac":
+        raise ValueError(f"{who}: structure='kfac' has no Hessian: its Kronecker factors are those of the GGN or a "
+                         "Fisher (curvature='ggn', 'ef' or 'fisher'); the Hessian takes structure='full', 'diag' or "
+                         "'lowrank'")
+    if curvature == "fisher" and key is None:
+        raise ValueError(f"{who}(curvature='fisher'): the Monte-Carlo Fisher draws targets from the model: pass "
+                         "key=jax.random.key(...)")
+    num_samples = positive_int(num_samples, "num_samples", who)
     check_likelihood(likelihood, who)
     check_data(data, who)
     if kfac_fallback not in (None, "diag", "error"):
@@ -245,11 +283,27 @@ def _laplace(fn, params, data, likelihood, *, structure, subset_of_weights, prio
     lo.GGNOp(fit_fn, fit_params, X, Y, likelihood, batch_size=batch_size, mesh=mesh)  # checks the data, eagerly
     cls = S.REGISTRY[structure]
     alpha = canonical_prior(prior_precision, params, weights, cls, who=who)
-    options = _FitOptions(batch_size, mesh, rank, num_steps, kfac_fallback, who, kfac_approximation, label)
+    if curvature == "fisher" and type(likelihood).sample is Likelihood.sample:
+        raise ValueError(f"{who}(curvature='fisher'): a {type(likelihood).__name__} likelihood cannot draw targets "
+                         "(it has no sample(key, f, n))")
+    options = _FitOptions(batch_size, mesh, rank, num_steps, kfac_fallback, who, kfac_approximation, label,
+                          curvature, num_samples)
     fit = _fit_compiled if cls.compile_fit else _fit
     ggn, terms = fit(cls, fn, params, X, Y, likelihood, weights.fit_form(), key, options, alpha)
+    if curvature == "hessian" and structure == "lowrank":
+        _warn_negative(ggn.lam, who)
     name = f"{who}(structure={structure!r})" if who == "laplace" else who
-    return make_posterior(fn, params, X, Y, likelihood, ggn, alpha, weights, terms, who=name)
+    return make_posterior(fn, params, X, Y, likelihood, ggn, alpha, weights, terms, who=name, curvature=curvature)
+
+
+def _warn_negative(lam, who):
+    """Say so when Lanczos kept negative Hessian eigenvalues (largest in magnitude), which the precision clips."""
+    lam = np.asarray(lam)
+    if np.any(lam < 0):
+        warnings.warn(f"{who}(curvature='hessian', structure='lowrank'): {int(np.sum(lam < 0))} of the {lam.size} "
+                      f"eigenpairs kept are negative (down to {float(lam.min()):.3g}): the Hessian is indefinite "
+                      "there, and those eigenvalues are clipped to 0 (the posterior keeps the prior's variance along "
+                      "them). curvature='ggn' is PSD by construction", stacklevel=3)
 
 
 class _FitOptions(NamedTuple):
@@ -263,17 +317,34 @@ class _FitOptions(NamedTuple):
     who: str
     kfac_approximation: str
     progress: str | None = None
+    curvature: str = "ggn"
+    num_samples: int = 1
+
+
+def _curvature_data(Y, likelihood, key, o):
+    """``(targets, likelihood)`` whose GGN is the chosen curvature (the Hessian's: the data's own)."""
+    if o.curvature == "ef":
+        return Y, EmpiricalFisher(likelihood)
+    if o.curvature == "fisher":  # its own key: a low-rank fit's Lanczos start vector uses ``key`` itself
+        mc = MonteCarloFisher(likelihood, o.num_samples)
+        return mc.with_keys(Y, jax.random.fold_in(key, 1)), mc
+    return Y, likelihood
 
 
 def _fit_structure(cls, fn, params, X, Y, likelihood, weights, key, o):
     """``cls.fit`` on the GGN of ``fn`` restricted to ``weights`` (the rest closed over)."""
     fit_fn, fit_params = weights.restrict(fn, params)
+    Yc, lik_c = _curvature_data(Y, likelihood, key, o)
     # a pass over the data's batches, or (low rank) the Lanczos steps, each of them a GGN product
-    G = lo.GGNOp(fit_fn, fit_params, X, Y, likelihood, batch_size=o.batch_size, mesh=o.mesh,
-                 progress=o.progress if cls.batch_progress else None)
-    return cls.fit_and_sum(S.FitRequest(G, fit_fn, fit_params, (X, Y), likelihood, o.batch_size, o.mesh, o.rank,
-                                        o.num_steps, key, o.kfac_fallback, o.who, o.kfac_approximation, o.progress),
-                           _example_terms(likelihood))
+    if o.curvature == "hessian":
+        G = lo.HessianOp(fit_fn, fit_params, X, Y, likelihood, batch_size=o.batch_size, mesh=o.mesh)
+    else:
+        G = lo.GGNOp(fit_fn, fit_params, X, Yc, lik_c, batch_size=o.batch_size, mesh=o.mesh,
+                     progress=o.progress if cls.batch_progress else None)
+    request = S.FitRequest(G, fit_fn, fit_params, (X, Yc), lik_c, o.batch_size, o.mesh, o.rank, o.num_steps, key,
+                           o.kfac_fallback, o.who, o.kfac_approximation, o.progress, o.curvature)
+    # the evidence's data terms from the fit's own pass: only where its targets and likelihood are the data's
+    return cls.fit_and_sum(request, _example_terms(likelihood) if o.curvature in ("ggn", "ef") else None)
 
 
 def _fit(cls, fn, params, X, Y, likelihood, weights, key, o, alpha):
@@ -320,7 +391,7 @@ def _data_terms(fn, params, X, Y, likelihood):
 
 
 def make_posterior(fn, params, X, Y, likelihood, ggn, alpha, weights=None, terms=None, *,
-                   who: str | None = None) -> LaplacePosterior:
+                   who: str | None = None, curvature: str = "ggn") -> LaplacePosterior:
     """A `LaplacePosterior` from a fitted GGN over ``weights`` (default every weight) and its `_posterior_terms`
     (computed here, as one program for the built-in structures, when not given)."""
     weights = W.AllWeights() if weights is None else weights
@@ -329,11 +400,11 @@ def make_posterior(fn, params, X, Y, likelihood, ggn, alpha, weights=None, terms
                                                                                     ggn, alpha)
     loss, rss, factor, finite = terms
     scale = np.ones((), jnp.result_type(alpha))
-    _check_factor(finite, alpha, scale, jnp.result_type(alpha), who or f"laplace(structure={ggn.name!r})")
+    _check_factor(finite, alpha, scale, jnp.result_type(alpha), who or f"laplace(structure={ggn.name!r})", curvature)
     return LaplacePosterior(fn=fn, params=params, unravel=unravel_of(params), likelihood=likelihood, ggn=ggn,
                             weights=weights, prior_precision=alpha, noise_scale=jax.device_put(scale), loss=loss,
                             residual_ss=rss, num_examples=int(jax.tree_util.tree_leaves(X)[0].shape[0]),
-                            factor=factor)
+                            factor=factor, curvature=curvature)
 
 
-__all__ = ["LaplacePosterior", "STRUCTURES", "laplace"]
+__all__ = ["CURVATURES", "LaplacePosterior", "STRUCTURES", "laplace"]

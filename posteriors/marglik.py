@@ -145,7 +145,15 @@ def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik",
     rate = jax.device_put(np.asarray(learning_rate, unravel_of(post.params).dtype))  # data, not a program key
     alpha, sigma, trace = _tune(post, rate, num_steps=num_steps, prior_structure=prior_structure,
                                 tune_sigma=tune_sigma, sizes=tuple(post.weights.group_sizes(post.params)), label=label)
-    tuned = _with_subset_prior(post, alpha, sigma)
+    try:
+        tuned = _with_subset_prior(post, alpha, sigma)
+    except ValueError as e:
+        if post.curvature != "hessian":
+            raise
+        raise ValueError(f"{who}: the evidence of this Hessian posterior has no maximum: its Hessian is indefinite, "
+                         "and as the prior precision falls toward the point where Hessian + prior stops being "
+                         "positive definite its log-determinant falls without bound (the tuning crossed it). Tune "
+                         "a curvature='ggn' posterior, or use method='gridsearch' with validation data") from e
     report = {"prior_precision": alpha, "sigma": sigma if tune_sigma else getattr(post.likelihood, "sigma", None),
               "log_marginal_likelihood": trace}
     return tuned, report
@@ -223,7 +231,15 @@ def _gridsearch(post, validation, grid, link, who, label=None, objective="nll"):
     bar = new_bar(label, grid.shape[0], "value") if label else None
     values = []
     for a in grid:
-        tuned = _with_subset_prior(post, a, None)
+        try:
+            tuned = _with_subset_prior(post, a, None)
+        except ValueError:
+            if post.curvature != "hessian":
+                raise
+            values.append(jnp.asarray(jnp.nan))  # an indefinite Hessian's precision at this prior: no posterior
+            if bar is not None:
+                bar.update(1)
+            continue
         if score is None:
             values.append(nll(tuned, Xv, Yv, link=link, progress=False))
         else:
@@ -233,6 +249,10 @@ def _gridsearch(post, validation, grid, link, who, label=None, objective="nll"):
     if bar is not None:
         bar.close()
     values = jnp.stack(values)
+    if not bool(jnp.any(jnp.isfinite(values))):
+        raise ValueError(f"{who}: no prior precision of the grid gives a finite {objective}"
+                         + (" (the Hessian is indefinite beyond every one: widen the grid upwards)"
+                            if post.curvature == "hessian" else ""))
     best = int(jnp.nanargmin(values))
     if best in (0, grid.shape[0] - 1):
         warnings.warn(f"{who}: the best prior precision {float(grid[best]):.3g} is at the "
@@ -301,7 +321,9 @@ def marglik_training(fn, params, data, likelihood, *, key: jax.Array, num_epochs
         hyper_steps: Adam steps on the log evidence at each update (the paper's K).
         hyper_learning_rate: their learning rate, on the logarithms.
         laplace_options: more keyword arguments of `laplace` (``batch_size``, ``rank`` and ``key`` of low rank,
-            ``kfac_fallback``, ...); not ``subset_of_weights``: the prior the evidence tunes is every weight's.
+            ``kfac_fallback``, ``curvature`` and ``num_samples``, ...); not ``subset_of_weights``: the prior the
+            evidence tunes is every weight's. ``curvature="fisher"`` without a ``key`` draws fresh targets at every
+            update (from ``key``): one reverse pass per draw and example, where the GGN takes one per output.
         restore_best: return the weights and posterior of the update with the highest log evidence (as
             laplace-torch does), not the last; ``history["best_epoch"]`` says which.
         progress: a bar over the epochs with the loss and the log evidence, on stderr after two seconds.
@@ -373,8 +395,11 @@ def marglik_training(fn, params, data, likelihood, *, key: jax.Array, num_epochs
         history["epoch_seconds"].append(time.perf_counter() - t0)
         if e > burn_in and ((e - burn_in) % every == 0 or e == num_epochs):
             t0 = time.perf_counter()
+            opts = options
+            if options.get("curvature") == "fisher" and "key" not in options:  # fresh draws at every update
+                opts = {**options, "key": jax.random.fold_in(key, e)}
             post = laplace(fn, unravel(flat), (X, Y), lik, structure=structure, prior_precision=alpha,
-                           progress=False, **options)
+                           progress=False, **opts)
             posterior, report = optimize_prior_precision(post, prior_structure=prior_structure, tune_sigma=tune_sigma,
                                                          num_steps=hyper_steps, learning_rate=hyper_learning_rate,
                                                          progress=False)

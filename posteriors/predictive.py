@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linops.likelihoods import Bernoulli, Categorical, Gaussian
+from linops.likelihoods import Bernoulli, Categorical, Gaussian, HeteroscedasticGaussian
 from linops.memory import check_fits
 from linops.models import ravel, unravel_of
 from linops.runtime import batched_map, program
@@ -385,6 +385,10 @@ def regression(post: GaussianPosterior, inputs, *, sigma=None, progress: bool = 
     $\\sigma^2$ added (``sigma`` default: the posterior's Gaussian likelihood's); a `DeepEnsemble`'s is its
     mixture's mean and variance. ``progress``: `linearized`'s progress bar (False silences it).
 
+    For a `linops.likelihoods.HeteroscedasticGaussian` (the network outputs means $\\mu$ and log-variances $s$),
+    the moments of the predictive: the mean $\\mu$ and the variance $\\operatorname{Var}[\\mu] + \\exp(s +
+    \\operatorname{Var}[s]/2)$ from the linearised ``(mean, variance)`` of both heads (``(M, O)`` each).
+
     Examples:
         >>> import jax.numpy as jnp
         >>> import posteriors as pst
@@ -394,8 +398,14 @@ def regression(post: GaussianPosterior, inputs, *, sigma=None, progress: bool = 
         >>> pst.predictive.regression(post, jnp.ones((1, 1)))[1]        # 1/(12 + 4) + 0.25
         Array([[0.3125]], dtype=float32)
     """
+    lik = getattr(post, "likelihood", None)
+    if isinstance(lik, HeteroscedasticGaussian):
+        if sigma is not None:
+            raise ValueError("regression: a HeteroscedasticGaussian posterior's network predicts its noise; "
+                             "sigma must be None")
+        _no_linearisation(post, "regression")
+        return _program(post, _heteroscedastic)(post, inputs, progress)
     if sigma is None:
-        lik = getattr(post, "likelihood", None)
         if not isinstance(lik, Gaussian) or lik.heteroscedastic:
             raise ValueError("regression: the posterior has no homoscedastic Gaussian likelihood; pass sigma=...")
         sigma = lik.sigma
@@ -412,7 +422,15 @@ def _regression(post, inputs, sigma, progress):
     return mean, var + jnp.asarray(sigma) ** 2
 
 
-_COMPILED = {body: program(body) for body in (_linearized, _classification, _regression)}
+def _heteroscedastic(post, inputs, progress):
+    """Mean $\\mu$ and variance $\\operatorname{Var}[\\mu] + \\mathbb E[e^s]$, $s \\sim \\mathcal N(s^*,
+    \\operatorname{Var}[s])$ linearised: the predictive's moments (its noise is log-normal, not fixed)."""
+    mean, var = _linearized(post, inputs, False, False, None, None, None, False, progress)
+    o = mean.shape[1] // 2
+    return mean[:, :o], var[:, :o] + jnp.exp(mean[:, o:] + var[:, o:] / 2)
+
+
+_COMPILED = {body: program(body) for body in (_linearized, _classification, _regression, _heteroscedastic)}
 
 
 def nll(post: GaussianPosterior, inputs, targets, *, link: str = "probit", key: jax.Array | None = None,
@@ -431,7 +449,7 @@ def nll(post: GaussianPosterior, inputs, targets, *, link: str = "probit", key: 
     """
     lik = getattr(post, "likelihood", None)
     targets = _checked_nll_targets(post, inputs, targets, lik)
-    if isinstance(lik, Gaussian):
+    if isinstance(lik, Gaussian | HeteroscedasticGaussian):  # the Gaussian of the predictive's moments
         mean, var = regression(post, inputs, progress=progress)
         return 0.5 * jnp.sum(jnp.log(2 * jnp.pi * var) + (targets - mean) ** 2 / var)
     probs = classification(post, inputs, link=link, key=key, num_samples=num_samples, progress=progress)
@@ -449,7 +467,9 @@ def _checked_nll_targets(post, inputs, targets, lik):
     logit, returned as ``(M, 1)``), else ``(M,)`` integer labels in ``[0, O)``."""
     M, K = model_outputs(post.fn, post.params, inputs, "nll")
     targets = jnp.asarray(targets)
-    if isinstance(lik, Gaussian):
+    if isinstance(lik, HeteroscedasticGaussian):
+        K = K // 2  # means, then log-variances
+    if isinstance(lik, Gaussian | HeteroscedasticGaussian):
         if targets.shape != (M, K) or not jnp.issubdtype(targets.dtype, jnp.number):
             raise ValueError(f"nll: a Gaussian likelihood needs real targets of shape ({M}, {K}), one per output of "
                              f"each input (no broadcasting), got {targets.dtype}{targets.shape}")

@@ -392,12 +392,21 @@ def trace(
     return hutchinson(A, key, num_samples)
 
 
-def logdet(A: LinearOperator, *, method: str | None = None) -> Float[Array, ""]:
+STOCHASTIC_LOGDET: dict = {}
+"""``method=`` name -> the estimator `logdet` calls with ``(A, key=..., **options)``: filled by the numerics layer
+(``"slq"``, `linops.numerics._slq`), which the algebra does not import."""
+
+
+def logdet(A: LinearOperator, *, method: str | None = None, key: PRNGKeyArray | None = None,
+           **options) -> Float[Array, ""] | Estimate:
     r"""$\log|\det A|$ of a square operator.
 
     Closed forms: diagonal, Kronecker ($n_B \log|A| + n_A \log|B|$), block diagonal, products of
     square factors, scalings, inverses, and diagonal/identity + low rank (the matrix
     determinant lemma, never forming ``n x n``). ``method="dense"`` materialises ``A``.
+    ``method="slq"`` (a PSD operator, with ``key``; options ``num_samples=16``, ``num_steps=30``) estimates it
+    from products alone by stochastic Lanczos quadrature and returns an `Estimate` with its standard error,
+    differentiable in reverse mode.
 
     Examples:
         >>> import jax.numpy as jnp, linops as lo
@@ -407,7 +416,12 @@ def logdet(A: LinearOperator, *, method: str | None = None) -> Float[Array, ""]:
     """
     check_operator(A, "logdet")
     check_square(A, "logdet")
-    _check_method("logdet", method, (None, "dense"))
+    _check_method("logdet", method, (None, "dense", *STOCHASTIC_LOGDET))
+    if method in STOCHASTIC_LOGDET:
+        return STOCHASTIC_LOGDET[method](A, key=key, **options)
+    if options or key is not None:
+        given = sorted(options) + (["key"] if key is not None else [])
+        raise ValueError(f"logdet(method={method!r}) takes no key or options, got {given}")
     if method is None:
         return closed_form(closed_forms.logdet(A), A, "logdet", "method='dense'")
     return closed_forms.logdet(Dense(A.as_matrix(), tags=A.tags & {_tags.psd}))

@@ -199,8 +199,9 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, appro
     others = tuple(i for i in range(len(leaves)) if i not in used)
     _warn_unrecognised(others, fn, params, jax.tree_util.tree_map(lambda a: a[0], inputs), other_diagonal, who)
     tapped_others = others if other_diagonal else ()
-    if batch_size is None:  # the likelihood's Hessian factor has at most O rows
-        batch_size = _default_batch_size(layers, num_outputs, n, sum(int(np.size(leaves[i])) for i in tapped_others))
+    if batch_size is None:  # the likelihood's Hessian factor has its factor_rows (O for the likelihoods)
+        batch_size = _default_batch_size(layers, likelihood.factor_rows(num_outputs), n,
+                                         sum(int(np.size(leaves[i])) for i in tapped_others))
     lik = likelihood if likelihood.per_example else None
 
     def example(x, y, lik_n):

@@ -46,11 +46,11 @@ def _row_numbers(layers, leaves, others):
     return n + sum(int(np.size(leaves[i])) for i in others)
 
 
-def _example_fn(plan, likelihood, num_outputs, per_block):
+def _example_fn(plan, likelihood, num_rows, per_block):
     """``(x, y, lik_n) -> per-example terms``: for each layer the squared output gradients summed over the rows
     (one position) or the squared row gradients (shared positions), the bias terms and the other leaves'."""
     layers, tapped, leaves, others = plan
-    num_blocks = -(-num_outputs // per_block)
+    num_blocks = -(-num_rows // per_block)
 
     def example(x, y, lik_n):
         f_n, vjp, raw_acts = tapped_vjp(layers, tapped, leaves, others, x)
@@ -83,14 +83,14 @@ def _example_fn(plan, likelihood, num_outputs, per_block):
     return example
 
 
-def layer_diag(plan, likelihood, inputs, targets, num_outputs, batch_size, mesh, axis, progress=None):
+def layer_diag(plan, likelihood, inputs, targets, num_rows, batch_size, mesh, axis, progress=None):
     """The exact GGN diagonal as a flat vector (leaf order of ``ravel``), from a `layer_plan`."""
     layers, _, leaves, others = plan
     per_row = _row_numbers(layers, leaves, others)
-    per_block = max(1, min(num_outputs, _BUDGET // max(per_row, 1)))
+    per_block = max(1, min(num_rows, _BUDGET // max(per_row, 1)))
     P = sum(int(np.size(leaf)) for leaf in leaves)
     chunk = max(1, min(batch_size, _BUDGET // (per_block * per_row + P)))
-    example = _example_fn(plan, likelihood, num_outputs, per_block)
+    example = _example_fn(plan, likelihood, num_rows, per_block)
     lik = likelihood if likelihood.per_example else None
 
     def batch(data):

@@ -306,7 +306,7 @@ class GGNOp(_LikelihoodOperator):
         Kronecker blocks run, None otherwise."""
         from linops.memory import check_fits
 
-        P, K = self.num_params, self.num_outputs
+        P, K = self.num_params, self.likelihood.factor_rows(self.num_outputs)
         itemsize = np.dtype(self.dtype).itemsize
         check_fits(P * P * itemsize, f"GGNOp({P} x {P}).as_matrix()",
                    "use lo.diag(G), a low-rank factor (lo.LanczosLowRankOp) or G @ V products instead")
@@ -337,7 +337,7 @@ class GGNOp(_LikelihoodOperator):
         # Example n adds the column sums of squares of its K rows A_n J_n (K x P). With many outputs (a
         # 1,000-class head) the rows are taken in blocks of at most ~2^25 numbers, one `lax.scan` step per
         # block, and the examples of a batch are bounded the same way: never K x P per example at once.
-        P, K = self.num_params, self.num_outputs
+        P, K = self.num_params, self.likelihood.factor_rows(self.num_outputs)
         per_block = max(1, min(K, _ROW_BUDGET // max(P, 1)))
         num_blocks = -(-K // per_block)
         chunk = max(1, min(self.batch_size // per_block, _ROW_BUDGET // (per_block * max(P, 1))))
@@ -366,7 +366,8 @@ def _ggnop_diag(op):
     # per-example gradient of the whole network: `_layer_diag`); a model with none takes the general path.
     plan = layer_plan(op.fn, op.params, jax.tree_util.tree_map(lambda a: a[0], op.inputs))
     if plan is not None:
-        return layer_diag(plan, op.likelihood, op.inputs, op.targets, op.num_outputs, op.batch_size,
+        return layer_diag(plan, op.likelihood, op.inputs, op.targets,
+                          op.likelihood.factor_rows(op.num_outputs), op.batch_size,
                           op.mesh, op.axis, op.progress)
     return op._diag_by_gradients()
 
