@@ -21,6 +21,7 @@ import numpy as np
 
 import linops as lo
 from linops.memory import check_fits
+from linops.models import ravel
 from posteriors._layer_predictive import diag_variances, kfac_variances
 from posteriors.weights import path_string
 
@@ -48,6 +49,7 @@ class FitRequest(NamedTuple):
     kfac_approximation: str = "expand"
     progress: str | None = None  # the label of a progress bar over the data's batches, or None
     curvature: str = "ggn"  # "ggn", "ef", "fisher" (G and likelihood are then theirs) or "hessian" (G a HessianOp)
+    num_points: int | None = None  # "functional": the M training points of its curvature (None: all)
 
 
 REGISTRY: dict[str, type] = {}
@@ -240,26 +242,13 @@ class DiagGGN(StructuredGGN):
         return diag_variances(post, inputs, batch, progress)
 
 
-@register("lowrank")
-class LowRankGGN(StructuredGGN):
-    """Top GGN eigenpairs $U \\operatorname{diag}(\\lambda) U^\\top$ (orthonormal $U$): Woodbury, never ``P x P``."""
-
-    compile_fit = True
-    batch_progress = False
+class _LowRankForm(StructuredGGN):
+    """Base of the structures held as $U \\operatorname{diag}(\\lambda) U^\\top$ (orthonormal $U$): Woodbury for
+    products and solves, the determinant lemma, never ``P x P``."""
 
     U: jax.Array
     lam: jax.Array
     psd: bool = eqx.field(static=True, default=True)  # False: a Hessian's top eigenpairs (negative ones clipped)
-
-    @classmethod
-    def fit(cls, r):
-        if r.key is None:
-            raise ValueError(f"{r.who}(structure='lowrank'): Lanczos needs a start vector: "
-                             "pass key=jax.random.key(...)")
-        if r.rank is None:
-            raise ValueError(f"{r.who}(structure='lowrank'): pass rank=k, the number of GGN eigenpairs kept")
-        low = lo.LanczosLowRankOp(r.G, r.rank, r.key, num_steps=r.num_steps, progress=r.progress)
-        return cls(low.U, low.d, psd=r.curvature != "hessian")
 
     def precision(self, alpha, scale):
         P = self.U.shape[0]
@@ -279,6 +268,69 @@ class LowRankGGN(StructuredGGN):
         C = J @ self.U  # (R, k)
         residual = J - C @ self.U.T  # the rows' part outside span U
         return jnp.sum(residual**2, axis=1) / alpha + jnp.sum(C**2 / (lam + alpha)[None, :], axis=1)
+
+
+@register("lowrank")
+class LowRankGGN(_LowRankForm):
+    """Top GGN eigenpairs $U \\operatorname{diag}(\\lambda) U^\\top$ (orthonormal $U$): Woodbury, never ``P x P``."""
+
+    compile_fit = True
+    batch_progress = False
+
+    @classmethod
+    def fit(cls, r):
+        if r.key is None:
+            raise ValueError(f"{r.who}(structure='lowrank'): Lanczos needs a start vector: "
+                             "pass key=jax.random.key(...)")
+        if r.rank is None:
+            raise ValueError(f"{r.who}(structure='lowrank'): pass rank=k, the number of GGN eigenpairs kept")
+        low = lo.LanczosLowRankOp(r.G, r.rank, r.key, num_steps=r.num_steps, progress=r.progress)
+        return cls(low.U, low.d, psd=r.curvature != "hessian")
+
+@register("functional")
+class FunctionalGGN(_LowRankForm):
+    r"""The linearised Laplace posterior as a Gaussian process on $M$ training points (laplace-torch's
+    `FunctionalLaplace`), held in weight space: the GGN of those points, $G_M = R^\top R$ with $R$ the ``(M K, P)``
+    rows $A_n J_n$, kept exactly as its thin SVD $V \operatorname{diag}(\lambda) V^\top$. The covariance
+    $(G_M + \alpha I)^{-1} = \alpha^{-1}I - \alpha^{-2} J_M^\top (K_{MM} + \Lambda_M^{-1})^{-1} J_M$ is the GP
+    posterior with the network's tangent kernel $K = J J^\top/\alpha$; every product, determinant and sample is
+    the low-rank structure's (Woodbury, never ``P x P``). ``points``: the indices of the $M$ points (all, in order,
+    by default; else drawn without replacement with ``key``)."""
+
+    points: jax.Array | None = None
+
+    compile_fit = True
+    batch_progress = False
+
+    @classmethod
+    def fit(cls, r):
+        if r.curvature == "hessian":
+            raise ValueError(f"{r.who}(structure='functional'): the GP view is the GGN's (or a Fisher's): its kernel "
+                             "is J J^T; the Hessian takes structure='full', 'diag' or 'lowrank'")
+        X, Y = r.data
+        n = int(jax.tree_util.tree_leaves(X)[0].shape[0])
+        m = n if r.num_points is None else r.num_points
+        if not 1 <= m <= n:
+            raise ValueError(f"{r.who}(structure='functional'): num_points must be in [1, {n}], got {m}")
+        if m == n:
+            idx = jnp.arange(n)
+        elif r.key is None:
+            raise ValueError(f"{r.who}(structure='functional'): a subset of num_points={m} of the {n} examples is "
+                             "drawn at random: pass key=jax.random.key(...)")
+        else:
+            idx = jnp.sort(jax.random.choice(r.key, n, (m,), replace=False))
+        take = lambda t: jax.tree_util.tree_map(lambda a: a[idx], t)  # noqa: E731
+        lik = r.likelihood
+
+        def rows(x, y, lik_n):  # (K, P): A_n J_n, one reverse pass per row of the factor
+            out, vjp = jax.vjp(lambda p: r.fn(p, x), r.params)
+            A = (lik if lik_n is None else lik_n).hessian_factor(out, y)
+            return jax.vmap(lambda a: ravel(vjp(a)[0])[0])(A)
+
+        lik_m = take(lik) if lik.per_example else None
+        R = jax.vmap(rows, in_axes=(0, 0, 0 if lik_m is not None else None))(take(X), take(Y), lik_m)
+        _, S, V = lo.svd(lo.Dense(R.reshape(-1, R.shape[-1])))
+        return cls(V.as_matrix(), S**2, points=idx)
 
 
 @register("kfac")
@@ -362,4 +414,5 @@ class KFACGGN(StructuredGGN):
         return kfac_variances(post, inputs, batch, progress)
 
 
-__all__ = ["DiagGGN", "FitRequest", "FullGGN", "KFACGGN", "LowRankGGN", "REGISTRY", "StructuredGGN", "register"]
+__all__ = ["DiagGGN", "FitRequest", "FullGGN", "FunctionalGGN", "KFACGGN", "LowRankGGN", "REGISTRY", "StructuredGGN",
+           "register"]

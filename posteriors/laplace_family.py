@@ -1,8 +1,9 @@
-r"""The linearised Laplace family: full, diagonal, last-layer, low-rank and KFAC posteriors.
+r"""The linearised Laplace family: full, diagonal, low-rank, KFAC and functional (GP) posteriors, over every weight
+or a selection (the last layer, a subnetwork).
 
 $q(\theta) = \mathcal N(\theta^*, \Sigma)$ with $\Sigma = (G + \operatorname{diag}\alpha)^{-1}$,
-$G$ the generalised Gauss-Newton matrix of the data at the trained $\theta^*$ in one of five
-structures (`STRUCTURES`). The GGN is computed once; the prior precision $\alpha$ and, for a
+$G$ the generalised Gauss-Newton matrix (or another curvature, `CURVATURES`) of the data at the trained
+$\theta^*$ in one of the structures (`STRUCTURES`). The GGN is computed once; the prior precision $\alpha$ and, for a
 Gaussian likelihood, the noise $\sigma$ can change afterwards at the cost of a
 refactorisation (`LaplacePosterior.with_prior`), which is what evidence maximisation does
 (`posteriors.marginal_log_likelihood`, `posteriors.optimize_prior_precision`).
@@ -168,7 +169,8 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
             subset_of_weights="all", prior_precision=1.0, batch_size: int | None = None, rank: int | None = None,
             num_steps: int | None = None, key: jax.Array | None = None, last_layer: str | None = None,
             kfac_fallback: str | None = "diag", kfac_approximation: str = "expand", mesh=None,
-            progress: bool = True, curvature: str = "ggn", num_samples: int = 1) -> LaplacePosterior:
+            progress: bool = True, curvature: str = "ggn", num_samples: int = 1,
+            num_points: int | None = None) -> LaplacePosterior:
     r"""The linearised Laplace posterior $\mathcal N(\theta^*, (G + \operatorname{diag}\alpha)^{-1})$ over the
     chosen weights, in the chosen curvature structure: two independent axes, as in laplace-torch, and a third,
     which curvature $G$ is (the GGN by default).
@@ -179,8 +181,9 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
         likelihood: a `linops.likelihoods.Likelihood`.
         structure: the GGN's structure (`STRUCTURES`): ``"full"`` (dense GGN, Cholesky; refused before
             any work when it cannot fit), ``"diag"`` (exact GGN diagonal), ``"lowrank"`` (the top
-            ``rank`` GGN eigenpairs by Lanczos, Woodbury, never ``P x P``; needs ``key``) or ``"kfac"``
-            (Kronecker factors per dense and convolutional layer, `linops.kfac`).
+            ``rank`` GGN eigenpairs by Lanczos, Woodbury, never ``P x P``; needs ``key``), ``"kfac"``
+            (Kronecker factors per dense and convolutional layer, `linops.kfac`) or ``"functional"`` (the
+            GP view: the exact GGN of ``num_points`` training points, low rank, `FunctionalGGN`).
         subset_of_weights: which weights have a posterior; the others stay at $\theta^*$
             (`posteriors.weights`): ``"all"`` (default), ``"last_layer"`` (the last dense layer's weight
             and bias, found in ``fn``'s program or named by ``last_layer``), a selection of leaves
@@ -217,6 +220,9 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
             with a warning. The empirical Fisher scales with a re-tuned Gaussian noise as $\sigma^{-4}$, the
             others as $\sigma^{-2}$ (``with_prior(sigma=...)`` knows).
         num_samples: ``"fisher"``'s draws per example.
+        num_points: ``"functional"``'s $M$: the GGN of $M$ training points drawn without replacement with ``key``
+            (None: all of them, where the posterior is the full GGN's, held as its SVD); the prior stays $\alpha$
+            (laplace-torch's subset-of-data GP scales its kernel prior variance by $M/N$ instead).
 
     Returns:
         A `LaplacePosterior`.
@@ -244,7 +250,8 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
     return _laplace(fn, params, data, likelihood, structure=structure, subset_of_weights=subset_of_weights,
                     prior_precision=prior_precision, batch_size=batch_size, rank=rank, num_steps=num_steps, key=key,
                     last_layer=last_layer, kfac_fallback=kfac_fallback, kfac_approximation=kfac_approximation,
-                    mesh=mesh, label=label, who="laplace", curvature=curvature, num_samples=num_samples)
+                    mesh=mesh, label=label, who="laplace", curvature=curvature, num_samples=num_samples,
+                    num_points=num_points)
 
 
 def _describe(spec) -> str:
@@ -255,7 +262,7 @@ def _describe(spec) -> str:
 
 def _laplace(fn, params, data, likelihood, *, structure, subset_of_weights, prior_precision, batch_size, rank,
              num_steps, key, last_layer, kfac_fallback, kfac_approximation, mesh, label, who, curvature="ggn",
-             num_samples=1):
+             num_samples=1, num_points=None):
     """`laplace` for a caller named ``who`` in errors, with the progress bar's ``label`` (None: no bar)."""
     if structure not in S.REGISTRY:
         hint = " (the last layer is subset_of_weights='last_layer' now)" if structure == "last_layer" else ""
@@ -286,8 +293,12 @@ def _laplace(fn, params, data, likelihood, *, structure, subset_of_weights, prio
     if curvature == "fisher" and type(likelihood).sample is Likelihood.sample:
         raise ValueError(f"{who}(curvature='fisher'): a {type(likelihood).__name__} likelihood cannot draw targets "
                          "(it has no sample(key, f, n))")
+    if num_points is not None:
+        if structure != "functional":
+            raise ValueError(f"{who}: num_points is structure='functional''s, got structure={structure!r}")
+        num_points = positive_int(num_points, "num_points", who)
     options = _FitOptions(batch_size, mesh, rank, num_steps, kfac_fallback, who, kfac_approximation, label,
-                          curvature, num_samples)
+                          curvature, num_samples, num_points)
     fit = _fit_compiled if cls.compile_fit else _fit
     ggn, terms = fit(cls, fn, params, X, Y, likelihood, weights.fit_form(), key, options, alpha)
     if curvature == "hessian" and structure == "lowrank":
@@ -319,6 +330,7 @@ class _FitOptions(NamedTuple):
     progress: str | None = None
     curvature: str = "ggn"
     num_samples: int = 1
+    num_points: int | None = None
 
 
 def _curvature_data(Y, likelihood, key, o):
@@ -342,7 +354,7 @@ def _fit_structure(cls, fn, params, X, Y, likelihood, weights, key, o):
         G = lo.GGNOp(fit_fn, fit_params, X, Yc, lik_c, batch_size=o.batch_size, mesh=o.mesh,
                      progress=o.progress if cls.batch_progress else None)
     request = S.FitRequest(G, fit_fn, fit_params, (X, Yc), lik_c, o.batch_size, o.mesh, o.rank, o.num_steps, key,
-                           o.kfac_fallback, o.who, o.kfac_approximation, o.progress, o.curvature)
+                           o.kfac_fallback, o.who, o.kfac_approximation, o.progress, o.curvature, o.num_points)
     # the evidence's data terms from the fit's own pass: only where its targets and likelihood are the data's
     return cls.fit_and_sum(request, _example_terms(likelihood) if o.curvature in ("ggn", "ef") else None)
 
