@@ -26,7 +26,14 @@ class HessianOp(_LikelihoodOperator):
     estimates it with its standard errors. ``as_matrix()`` costs ``P`` products, in blocks of columns.
 
     Args:
-        fn, params, inputs, targets, likelihood, batch_size, mesh, axis: as for `linops.GGNOp`.
+        fn: per-example model ``fn(params, x) -> (O,)``.
+        params: the params pytree (where the Hessian is taken).
+        inputs: inputs with a leading example axis ``N``.
+        targets: targets with a leading example axis (shape set by the likelihood).
+        likelihood: a `linops.likelihoods.Likelihood`: $\ell$ is its ``nll``.
+        batch_size: examples per batch (default all).
+        mesh: a `jax.sharding.Mesh` to split the examples over (as for `linops.GGNOp`); None for one device.
+        axis: the mesh axis the examples are split along (default ``"data"``).
 
     Examples:
         >>> import jax.numpy as jnp, linops as lo

@@ -60,6 +60,23 @@ def test_ggn_products_diag_and_matrix_match_one_device(likelihood, devices):
     assert_close(many.as_matrix(), one.as_matrix(), rtol=1e-10)
 
 
+def test_hessian_and_monte_carlo_fisher_on_a_mesh_match_one_device():
+    """The curvatures beyond the GGN split like it: a HessianOp's products, and a Monte-Carlo Fisher, whose draws
+    belong to the examples (their keys travel with the targets), not to the devices."""
+    from linops.likelihoods import MonteCarloFisher
+
+    fn, params, X, y, v = _problem(Categorical())
+    mesh = _mesh()
+    H1 = lo.HessianOp(fn, params, X, y, Categorical(), batch_size=4)
+    H8 = lo.HessianOp(fn, params, X, y, Categorical(), batch_size=4, mesh=mesh)
+    assert_close(H8 @ v, H1 @ v, rtol=1e-10)
+    mc = MonteCarloFisher(Categorical(), num_samples=2)
+    T = mc.with_keys(y, jax.random.key(6))
+    F1 = lo.GGNOp(fn, params, X, T, mc, batch_size=4)
+    F8 = lo.GGNOp(fn, params, X, T, mc, batch_size=4, mesh=mesh)
+    assert_close(F8 @ v, F1 @ v, rtol=1e-10)
+
+
 def test_jacobian_and_loss_jacobian_match_one_device():
     fn, params, X, y, v = _problem(Categorical())
     mesh = _mesh()
