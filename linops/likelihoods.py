@@ -70,6 +70,23 @@ class Likelihood(eqx.Module):
         """Raise a `ValueError` naming ``who`` when the targets do not fit this likelihood."""
 
 
+class _DiagonalCurvature(Likelihood):
+    """A likelihood whose output curvature is a diagonal ``_w(f)`` (nonnegative): its products, operator and
+    factor follow from it."""
+
+    def _w(self, f):
+        raise NotImplementedError
+
+    def hvp(self, f, y, u):
+        return self._w(f) * u
+
+    def hessian(self, f, y):
+        return Diagonal(self._w(f), nonnegative=True)
+
+    def hessian_factor(self, f, y):
+        return jnp.diag(jnp.sqrt(self._w(f)))
+
+
 def _target_shape_error(who, lik, expected, targets):
     return ValueError(
         f"{who}: a {type(lik).__name__} likelihood needs targets of shape {expected}, "
@@ -157,7 +174,7 @@ class Gaussian(Likelihood):
             raise ValueError(f"{who}: Gaussian sigma must have shape {expected}, got {s}")
 
 
-class HeteroscedasticGaussian(Likelihood):
+class HeteroscedasticGaussian(_DiagonalCurvature):
     r"""Gaussian noise the network predicts: outputs $f = (\mu, s)$ of shape ``(2 O,)``, a mean $\mu$ and a
     log-variance $s$ per target, $y \sim \mathcal N(\mu, e^{s})$, targets ``(O,)``.
 
@@ -192,15 +209,6 @@ class HeteroscedasticGaussian(Likelihood):
     def _w(self, f):
         _, s = self._split(f)
         return jnp.concatenate([jnp.exp(-s), jnp.full(s.shape, 0.5, f.dtype)])
-
-    def hvp(self, f, y, u):
-        return self._w(f) * u
-
-    def hessian(self, f, y):
-        return Diagonal(self._w(f), nonnegative=True)
-
-    def hessian_factor(self, f, y):
-        return jnp.diag(jnp.sqrt(self._w(f)))
 
     def sample(self, key, f, n):
         mu, s = self._split(f)
@@ -265,7 +273,7 @@ class Categorical(Likelihood):
                                  f"got range [{lo_}, {hi}]")
 
 
-class Bernoulli(Likelihood):
+class Bernoulli(_DiagonalCurvature):
     r"""Independent sigmoid outputs (binary or multi-label), $H = \operatorname{diag}(p(1-p))$.
 
     Examples:
@@ -284,15 +292,6 @@ class Bernoulli(Likelihood):
     def _w(self, f):
         p = jax.nn.sigmoid(f)
         return p * (1 - p)
-
-    def hvp(self, f, y, u):
-        return self._w(f) * u
-
-    def hessian(self, f, y):
-        return Diagonal(self._w(f), nonnegative=True)
-
-    def hessian_factor(self, f, y):
-        return jnp.diag(jnp.sqrt(self._w(f)))
 
     def sample(self, key, f, n):
         return jax.random.bernoulli(key, jnp.broadcast_to(jax.nn.sigmoid(f), (n,) + f.shape)).astype(f.dtype)
