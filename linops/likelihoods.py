@@ -100,7 +100,8 @@ class Gaussian(Likelihood):
     Args:
         sigma: the noise standard deviation: a scalar, one per output ``(O,)``, or, with
             ``heteroscedastic=True``, one per example ``(N,)`` or ``(N, O)``.
-        heteroscedastic: ``sigma`` has a leading example axis.
+        heteroscedastic: ``sigma`` has a leading example axis (known noise per example; a network that
+            predicts its own noise is `HeteroscedasticGaussian`'s).
 
     Examples:
         >>> import jax.numpy as jnp

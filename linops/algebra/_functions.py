@@ -413,6 +413,10 @@ def logdet(A: LinearOperator, *, method: str | None = None, key: PRNGKeyArray | 
         >>> U = jnp.array([[1.0], [1.0]])
         >>> lo.logdet(lo.LowRank(U, jnp.array([1.0])) + lo.Identity(2))   # log 3
         Array(1.0986123, dtype=float32)
+        >>> import jax
+        >>> est = lo.logdet(lo.Diagonal(jnp.array([1.0, 2.0, 4.0])), method="slq", key=jax.random.key(0), num_steps=3)
+        >>> bool(abs(est.value - jnp.log(8.0)) < 1e-4), est.num_samples
+        (True, 16)
     """
     check_operator(A, "logdet")
     check_square(A, "logdet")
