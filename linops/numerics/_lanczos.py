@@ -68,7 +68,10 @@ class Lanczos(eqx.Module):
         Without a restart the residuals come from the recurrence, $\\beta_m |s_m|$, at no cost. A
         restart drops the (small) remainder that was judged invariant, so the recurrence no longer
         measures them: they are then computed as $\\|A u - \\theta u\\|$ when ``A`` is given (one
-        product with ``A`` per Ritz pair) and reported as NaN (unknown) when it is not.
+        product with ``A`` per Ritz pair) and reported as NaN (unknown) when it is not. The recurrence
+        also cannot see rounding: below $m \\epsilon \\max|\\theta|$ (`rounding_floor`) its residual says
+        nothing (with a dominant eigenvalue in float32 it reads 0 where the true residual is near 1), so
+        when any is below that floor and ``A`` is given, every residual is measured with ``A``.
         """
         w, S = jnp.linalg.eigh(self.tridiagonal())
         order = jnp.argsort(-jnp.abs(w))
@@ -79,7 +82,8 @@ class Lanczos(eqx.Module):
         if A is None:
             residuals = jnp.where(self.restarts > 0, jnp.nan, residuals)
         else:
-            residuals = lax.cond(self.restarts > 0, lambda: _true_residuals(A, U, w), lambda: residuals)
+            unmeasured = (self.restarts > 0) | jnp.any(residuals < rounding_floor(w, self.alpha.shape[0]))
+            residuals = lax.cond(unmeasured, lambda: _true_residuals(A, U, w), lambda: residuals)
         return w, U, residuals
 
     def low_rank(self, rank: int) -> LanczosLowRankOp:
@@ -150,6 +154,11 @@ def lanczos(A: LinearOperator, num_steps: int, *, key: jax.Array | None = None, 
         raise ValueError(f"lanczos: v0 must have shape ({n},) for {describe(A)}, got {v0.shape}")
     basis, alpha, beta, steps, restarts = _tridiagonalise((A, v0), int(num_steps), bool(restart), progress)
     return Lanczos(basis.T, alpha, beta, steps, restarts)
+
+
+def rounding_floor(w, m):
+    """$m \\epsilon \\max|w|$: below it a Ritz pair's recurrence residual measures rounding, not convergence."""
+    return m * float(np.finfo(w.dtype).eps) * jnp.max(jnp.abs(w))
 
 
 def _true_residuals(A, U, w):
@@ -306,8 +315,9 @@ class LanczosLowRankOp(AbstractLowRank):
     like one (a shift solves by Woodbury, `lo.logdet` by the determinant lemma, `lo.pinv` and `lo.sqrt`
     in closed form).
     ``residuals`` holds each Ritz pair's $\|A u_i - \lambda_i u_i\|$ (the convergence
-    information: from the recurrence, or measured with ``A`` after a restart; NaN when built from
-    an existing restarted `Lanczos` run, which no longer measures them) and ``steps`` the Lanczos
+    information: from the recurrence, or measured with ``A`` (``rank`` more products) after a restart or
+    when a kept pair's recurrence residual is below the rounding floor, where it says nothing; NaN when
+    built from an existing restarted `Lanczos` run, which no longer measures them) and ``steps`` the Lanczos
     steps run. The run restarts on an invariant Krylov
     space (`lanczos` with ``restart=True``), so ``rank`` orthonormal pairs come back whenever
     ``num_steps >= rank``. Differentiable in reverse mode through the adjoint of `lanczos`
@@ -355,9 +365,11 @@ class LanczosLowRankOp(AbstractLowRank):
                 raise ValueError(f"LanczosLowRankOp: num_steps ({num_steps}) must be at least rank ({rank})")
             run, operator = lanczos(A, num_steps, key=key, restart=True, progress=progress), A
         w, U, residuals = run.ritz()  # NaN after a restart: the recurrence no longer measures them
+        floor = rounding_floor(w, run.alpha.shape[0])
         U, w, residuals = U[:, :rank], w[:rank], residuals[:rank]
-        if operator is not None:  # measured with A on the kept pairs only
-            residuals = lax.cond(run.restarts > 0, lambda: _true_residuals(operator, U, w), lambda: residuals)
+        if operator is not None:  # measured with A on the kept pairs only, where the recurrence cannot tell
+            unmeasured = (run.restarts > 0) | jnp.any(residuals < floor)
+            residuals = lax.cond(unmeasured, lambda: _true_residuals(operator, U, w), lambda: residuals)
         self.U, self.d = U, w
         self.nonnegative = is_known_nonnegative(w, None)
         self.residuals = residuals

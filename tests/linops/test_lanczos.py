@@ -251,3 +251,22 @@ def test_after_a_restart_the_reported_residuals_are_the_measured_ones():
     true = np.linalg.norm(M @ np.asarray(U) - np.asarray(U) * np.asarray(w)[None, :], axis=0)
     assert true.max() > 0.1  # some pairs are far from converged: the check has something to see
     assert_close(reported, true, rtol=1e-8, atol=1e-12)
+
+
+def test_residuals_below_the_rounding_floor_are_measured_not_read_from_the_recurrence():
+    """Issue 37: with a dominant eigenvalue in float32 the recurrence reads residual 0 for Ritz pairs whose true
+    residual is near 1 (a run of full length, no restart). Given A, every reported residual is the measured
+    ||A u - theta u|| (the recurrence cannot resolve below m eps max|theta|)."""
+    d = jnp.concatenate([jnp.array([1e6]), jnp.linspace(0.5, 5, 29)]).astype(jnp.float32)
+    A = lo.Diagonal(d)
+    run = lo.lanczos(A, 30, key=jax.random.key(0))
+    assert int(run.steps) == 30 and int(run.restarts) == 0
+    w, U, recurrence = run.ritz()
+    measured = jnp.linalg.norm(A.mm(U) - U * w[None, :], axis=0)
+    assert float(jnp.max(measured)) > 0.1 and float(jnp.max(recurrence[1:])) < 1e-3  # the recurrence's blind spot
+    _, _, residuals = run.ritz(A)
+    np.testing.assert_allclose(residuals, measured, rtol=0.05, atol=1e-3)
+    low = lo.LanczosLowRankOp(A, 5, jax.random.key(0), num_steps=30)
+    truth = jnp.linalg.norm(A.mm(low.U) - low.U * low.d[None, :], axis=0)
+    np.testing.assert_allclose(low.residuals, truth, rtol=0.05, atol=1e-3)
+    assert float(jnp.max(low.residuals)) > 0.05
