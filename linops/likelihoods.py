@@ -302,6 +302,13 @@ class Bernoulli(_DiagonalCurvature):
             raise _target_shape_error(who, self, (num_examples, num_outputs), targets)
 
 
+def _checked_base(base, who):
+    """``base`` for a curvature likelihood: a likelihood that is not itself a curvature."""
+    if not isinstance(base, Likelihood) or isinstance(base, EmpiricalFisher | MonteCarloFisher):
+        raise TypeError(f"{who}: base must be a likelihood (not a curvature), got {type(base).__name__}")
+    return base
+
+
 class EmpiricalFisher(Likelihood):
     r"""The empirical Fisher's output curvature $g g^\top$, $g = \partial \ell(f, y)/\partial f$ at the observed
     target, in place of ``base``'s Hessian: with it `linops.GGNOp` is $\sum_n \nabla_\theta \ell_n
@@ -321,9 +328,7 @@ class EmpiricalFisher(Likelihood):
     base: Likelihood
 
     def __init__(self, base: Likelihood):
-        if not isinstance(base, Likelihood) or isinstance(base, EmpiricalFisher | MonteCarloFisher):
-            raise TypeError(f"EmpiricalFisher: base must be a likelihood (not a curvature), got {type(base).__name__}")
-        self.base = base
+        self.base = _checked_base(base, "EmpiricalFisher")
 
     @property
     def per_example(self) -> bool:
@@ -385,9 +390,7 @@ class MonteCarloFisher(Likelihood):
     num_samples: int = eqx.field(static=True)
 
     def __init__(self, base: Likelihood, num_samples: int = 1):
-        if not isinstance(base, Likelihood) or isinstance(base, EmpiricalFisher | MonteCarloFisher):
-            raise TypeError(f"MonteCarloFisher: base must be a likelihood (not a curvature), got "
-                            f"{type(base).__name__}")
+        _checked_base(base, "MonteCarloFisher")
         if isinstance(num_samples, bool) or not isinstance(num_samples, int | np.integer) or num_samples < 1:
             raise ValueError(f"MonteCarloFisher: num_samples must be a positive integer, got {num_samples!r}")
         self.base, self.num_samples = base, int(num_samples)

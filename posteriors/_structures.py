@@ -21,7 +21,6 @@ import numpy as np
 
 import linops as lo
 from linops.memory import check_fits
-from linops.models import ravel
 from posteriors._layer_predictive import diag_variances, kfac_variances
 from posteriors.weights import path_string
 
@@ -320,16 +319,9 @@ class FunctionalGGN(_LowRankForm):
         else:
             idx = jnp.sort(jax.random.choice(r.key, n, (m,), replace=False))
         take = lambda t: jax.tree_util.tree_map(lambda a: a[idx], t)  # noqa: E731
-        lik = r.likelihood
-
-        def rows(x, y, lik_n):  # (K, P): A_n J_n, one reverse pass per row of the factor
-            out, vjp = jax.vjp(lambda p: r.fn(p, x), r.params)
-            A = (lik if lik_n is None else lik_n).hessian_factor(out, y)
-            return jax.vmap(lambda a: ravel(vjp(a)[0])[0])(A)
-
-        lik_m = take(lik) if lik.per_example else None
-        R = jax.vmap(rows, in_axes=(0, 0, 0 if lik_m is not None else None))(take(X), take(Y), lik_m)
-        _, S, V = lo.svd(lo.Dense(R.reshape(-1, R.shape[-1])))
+        lik = take(r.likelihood) if r.likelihood.per_example else r.likelihood  # a per-example one: its rows too
+        R = lo.GGNOp(r.fn, r.params, take(X), take(Y), lik, batch_size=r.batch_size, mesh=r.mesh).rows()
+        _, S, V = lo.svd(lo.Dense(R))
         return cls(V.as_matrix(), S**2, points=idx)
 
 

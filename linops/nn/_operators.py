@@ -318,20 +318,46 @@ class GGNOp(_LikelihoodOperator):
             # (wide layers, out > K, would need smaller batches: then the rows)
             return layer_dense_ggn(plan, self.likelihood, self.inputs, self.targets, block_chunk, self.mesh,
                                    self.axis, self.progress, per_example)
-        lik, axis = self._lik_axis()
-
-        def example(x, y, lik_n):  # (K, P): the rows of A_n J_n, from the one forward pass of the VJP
-            out, vjp = jax.vjp(lambda p: self.fn(p, x), self.params)
-            A = (lik if lik_n is None else lik_n).hessian_factor(out, y)
-            return jax.vmap(lambda a: _flat(vjp(a)[0]))(A)
-
         def batch(data):
-            xb, yb, lb = data
-            rows = jax.vmap(example, in_axes=(0, 0, axis))(xb, yb, lb if axis == 0 else None).reshape(-1, P)
+            rows = self._batch_rows(data).reshape(-1, P)
             return rows.T @ rows
 
         G = self._sum(batch, self._data(), chunk, self.progress)
         return G if per_example is None else (G, None)
+
+    def _batch_rows(self, data):
+        """``(B, K, P)``: the rows of $A_n J_n$ for a batch's examples, one reverse pass per row (from the one
+        forward pass of each example's VJP)."""
+        lik, axis = self._lik_axis()
+
+        def example(x, y, lik_n):
+            out, vjp = jax.vjp(lambda p: self.fn(p, x), self.params)
+            A = (lik if lik_n is None else lik_n).hessian_factor(out, y)
+            return jax.vmap(lambda a: _flat(vjp(a)[0]))(A)
+
+        xb, yb, lb = data
+        return jax.vmap(example, in_axes=(0, 0, axis))(xb, yb, lb if axis == 0 else None)
+
+    def rows(self):
+        r"""The stacked rows $R = [A_1 J_1; \dots; A_N J_N]$ (``(N K, P)``, $K$ the likelihood's
+        `factor_rows`), so that $G = R^\top R$: one reverse pass per row, ``batch_size`` examples at a
+        time (split over ``mesh`` when there is one). Refused before any work when they cannot fit.
+
+        Examples:
+            >>> import jax.numpy as jnp, linops as lo
+            >>> fn = lambda w, x: (x @ w)[None]
+            >>> X = jnp.array([[1.0, 0.0], [1.0, 2.0]])
+            >>> lo.GGNOp(fn, jnp.zeros(2), X, jnp.zeros((2, 1)), lo.likelihoods.Gaussian(0.5)).rows()   # X / sigma
+            Array([[2., 0.],
+                   [2., 4.]], dtype=float32)
+        """
+        from linops.memory import check_fits
+
+        P, K, N = self.num_params, self.likelihood.factor_rows(self.num_outputs), self.num_examples
+        check_fits(N * K * P * np.dtype(self.dtype).itemsize, f"GGNOp({P} x {P}).rows() ({N * K} rows)",
+                   "use fewer examples, or G @ V products")
+        chunk = max(1, min(self.batch_size, (1 << 25) // max(K * P, 1)))
+        return self._map(self._batch_rows, self._data(), chunk).reshape(-1, P)
 
     def _diag_by_gradients(self):
         # Example n adds the column sums of squares of its K rows A_n J_n (K x P). With many outputs (a

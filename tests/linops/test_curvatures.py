@@ -224,3 +224,20 @@ def test_heteroscedastic_gaussian_gradient_fisher_and_samples():
         lik.check(3, jnp.zeros((4, 1)), 4, "GGNOp")
     with pytest.raises(ValueError, match="needs targets of shape \\(4, 2\\)"):
         lik.check(4, jnp.zeros((4, 4)), 4, "GGNOp")
+
+
+def test_ggn_rows_stack_the_factor_rows_and_give_the_ggn():
+    """`GGNOp.rows()`: R with R^T R = G, K rows per example in order (a per-example likelihood and a short last
+    batch; the empirical Fisher's single row per example is its loss gradient)."""
+    fn, params, X = _mlp()
+    lik = Gaussian(0.5 + jnp.arange(11.0) / 10, heteroscedastic=True)
+    Y = jax.random.normal(jax.random.key(5), (11, 3), jnp.float64)
+    G = lo.GGNOp(fn, params, X, Y, lik, batch_size=4)
+    R = G.rows()
+    assert R.shape == (33, G.shape[0])
+    assert_close(R.T @ R, G.as_matrix(), rtol=1e-10)
+    J = lo.JacobianOp(fn, params, X).as_matrix()  # rows n * O + o
+    assert_close(R, J / jnp.repeat(lik.sigma, 3)[:, None], rtol=1e-10)
+    Yc = jnp.arange(11) % 3
+    g = _per_example_grads(fn, params, X, Yc, Categorical())
+    assert_close(lo.GGNOp(fn, params, X, Yc, EmpiricalFisher(Categorical()), batch_size=4).rows(), g, rtol=1e-10)

@@ -74,3 +74,20 @@ def test_bad_functional_options_are_refused():
         pst.laplace(fn, params, (X, y), Categorical(), structure="diag", num_points=5)
     with pytest.raises(ValueError, match="the GP view is the GGN's"):
         pst.laplace(fn, params, (X, y), Categorical(), structure="functional", curvature="hessian")
+
+
+def test_a_subset_takes_its_rows_of_a_per_example_likelihood():
+    """A per-example (heteroscedastic) noise is subset with its points: the posterior is the dense one of the
+    subset's own noises."""
+    fn = lambda w, x: (x @ w)[None]  # noqa: E731
+    X = jax.random.normal(jax.random.key(0), (15, 3), jnp.float64)
+    sigma = 0.2 + jnp.arange(15.0) / 10
+    Y = X @ jnp.array([1.0, -1.0, 0.5]) + sigma * jax.random.normal(jax.random.key(1), (15,), jnp.float64)
+    from linops.likelihoods import Gaussian
+
+    post = pst.laplace(fn, jnp.zeros(3), (X, Y[:, None]), Gaussian(sigma, heteroscedastic=True),
+                       structure="functional", num_points=5, key=jax.random.key(2), prior_precision=0.5,
+                       progress=False)
+    idx = np.asarray(post.ggn.points)
+    Xs = X[idx] / sigma[idx][:, None]
+    assert_close(post.covariance.as_matrix(), jnp.linalg.inv(Xs.T @ Xs + 0.5 * jnp.eye(3)), rtol=1e-10)
