@@ -5,6 +5,9 @@ A bar appears only once its operation has run for `DELAY` seconds, so quick call
 operation that takes one has a switch to silence it (``progress=False``). Where stderr is not a
 terminal (a CI log, a file), the bar is redrawn at most every `LOG_INTERVAL` seconds, so a log gets a
 few lines rather than one per step. ``TQDM_DISABLE=1`` in the environment silences every bar.
+
+A bar never stops the computation it reports on: with no stderr (``pythonw``, ``sys.stderr`` None) it
+is silent, and a write that fails (a closed stream, a pipe whose reader has gone) is dropped.
 """
 
 from __future__ import annotations
@@ -43,10 +46,46 @@ def new_bar(desc: str, total: int | None, unit: str = "it"):
     """
     from tqdm.auto import tqdm
 
-    isatty = getattr(sys.stderr, "isatty", None)  # a stand-in stream (a logger, a recorder) may lack it
-    interval = 0.1 if isatty is not None and isatty() else LOG_INTERVAL
+    stream = sys.stderr
+    if stream is None or getattr(stream, "closed", False):  # pythonw, or stderr closed: nowhere to draw
+        return tqdm(desc=desc, total=total, unit=unit, disable=True)
+    interval = 0.1 if _GuardedStream(stream).isatty() else LOG_INTERVAL
     return tqdm(desc=desc, total=total, unit=unit, delay=DELAY, mininterval=interval, maxinterval=max(interval, 10),
-                file=sys.stderr, dynamic_ncols=True, leave=True)
+                file=_GuardedStream(stream), dynamic_ncols=True, leave=True)
+
+
+class _GuardedStream:
+    """``stream`` as a bar writes to it: a write or flush that fails (a closed stream, a broken pipe) is dropped,
+    never raised into the computation the bar reports on (inside a compiled program's callback, an error would
+    abort it)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError, AttributeError):
+            return 0
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def isatty(self) -> bool:
+        try:  # a stand-in stream (a logger, a recorder) may lack isatty
+            return bool(self._stream.isatty())
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def fileno(self):  # tqdm's terminal width (dynamic_ncols); its caller handles the errors
+        return self._stream.fileno()
+
+    @property
+    def encoding(self):
+        return getattr(self._stream, "encoding", None) or "utf-8"
 
 
 _BARS: dict = {}  # label -> the open bar of the operation running under that label

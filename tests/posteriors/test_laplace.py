@@ -3,6 +3,9 @@
 inputs are centred (no weight-bias coupling), the low-rank one at full rank.
 """
 
+import io
+import sys
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -525,6 +528,44 @@ def test_fit_shows_a_progress_bar_over_the_batches_that_can_be_silenced(capsys, 
     pst.predictive.classification(post, X, progress=False)
     jax.effects_barrier()
     assert capsys.readouterr().err == ""
+
+
+class _BrokenPipe(io.TextIOBase):
+    """A stderr whose reader has gone: every write fails."""
+
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+@pytest.mark.parametrize("stream", ["none", "closed", "broken"])
+def test_a_progress_bar_never_stops_the_computation_it_reports_on(stream, monkeypatch):
+    """With no stderr (``pythonw``), a closed one (``2>&-``) or a broken pipe, a fit whose bar is drawn (inside
+    its compiled program's callbacks) and a grid search's bar (on the host) run to the same result as silent
+    ones: a bar's failed write is dropped, never raised into the computation (issue 37)."""
+    import linops.runtime._progress
+
+    X = jax.random.normal(jax.random.key(0), (40, 3))
+    y = (X[:, 0] > 0).astype(jnp.int32)
+    fn = lambda p, x: jnp.tanh(x @ p["W"]) @ p["V"]  # noqa: E731
+    params = {"V": jax.random.normal(jax.random.key(2), (5, 2)), "W": jax.random.normal(jax.random.key(1), (3, 5))}
+    fit = lambda **kw: pst.laplace(fn, params, (X, y), Categorical(), structure="diag", batch_size=8, **kw)  # noqa: E731
+    quiet = fit(progress=False)
+    tuned_quiet = pst.optimize_prior_precision(quiet, method="gridsearch", validation=(X, y), grid=[0.5, 2.0],
+                                               progress=False)[0]
+    monkeypatch.setattr(linops.runtime._progress, "DELAY", 0.0)
+    err = {"none": None, "closed": io.StringIO(), "broken": _BrokenPipe()}[stream]
+    if stream == "closed":
+        err.close()
+    monkeypatch.setattr(sys, "stderr", err)
+    post = fit()
+    jax.effects_barrier()
+    tuned = pst.optimize_prior_precision(post, method="gridsearch", validation=(X, y), grid=[0.5, 2.0])[0]
+    monkeypatch.undo()
+    assert_close(lo.diag(post.covariance), lo.diag(quiet.covariance), rtol=1e-12)
+    assert float(tuned.prior_precision) == float(tuned_quiet.prior_precision)
 
 
 def test_low_rank_fsp_and_gp_fits_show_progress_bars(capsys, monkeypatch):
