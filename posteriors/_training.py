@@ -14,12 +14,37 @@ def positive_int(value, name: str, who: str, minimum: int = 1) -> int:
     return int(value)
 
 
-def check_step_settings(who: str, learning_rate, prior_precision) -> None:
-    """A positive learning rate and a non-negative prior precision (weight decay), before any step."""
-    if not float(learning_rate) > 0:
-        raise ValueError(f"{who}: learning_rate must be positive, got {learning_rate!r}")
-    if not bool(np.all(np.asarray(prior_precision) >= 0)):
-        raise ValueError(f"{who}: prior_precision must be >= 0 (a weight decay), got {prior_precision!r}")
+def check_step_settings(who: str, learning_rate, prior_precision, num_params: int, momentum=0.0) -> None:
+    """Before any step: a finite positive scalar learning rate, a finite non-negative prior precision (weight
+    decay), scalar or one per parameter (``num_params``), and a momentum in [0, 1). Traced values (under
+    `jax.jit`) have their shapes checked only."""
+    rate_shape = np.shape(learning_rate)
+    if rate_shape != ():
+        raise ValueError(f"{who}: learning_rate must be a scalar, got an array of shape {rate_shape}")
+    if not isinstance(learning_rate, jax.core.Tracer) and not (np.isfinite(learning_rate) and learning_rate > 0):
+        raise ValueError(f"{who}: learning_rate must be finite and positive, got {learning_rate!r}")
+    if np.shape(prior_precision) not in ((), (num_params,)):
+        raise ValueError(f"{who}: prior_precision must be a scalar or one per parameter, shape ({num_params},), "
+                         f"got shape {np.shape(prior_precision)}")
+    if not isinstance(prior_precision, jax.core.Tracer):
+        alpha = np.asarray(prior_precision)
+        if not (np.all(np.isfinite(alpha)) and np.all(alpha >= 0)):
+            raise ValueError(f"{who}: prior_precision must be finite and >= 0 (a weight decay), got "
+                             f"{prior_precision!r}")
+    if np.shape(momentum) != () or (not isinstance(momentum, jax.core.Tracer) and not 0 <= momentum < 1):
+        raise ValueError(f"{who}: momentum must be a number in [0, 1) (SGD diverges at 1 and above), got "
+                         f"{momentum!r}")
+
+
+def check_trained(who: str, remedy: str, **states) -> None:
+    """After training: every state is finite, else a `ValueError` naming the states with non-finite entries and
+    ``remedy``, so that a diverged run is never returned as a posterior. Traced states are not checked."""
+    bad = {name: int(np.size(v) - np.isfinite(np.asarray(v)).sum()) for name, v in states.items()
+           if not isinstance(v, jax.core.Tracer)}
+    bad = {name: count for name, count in bad.items() if count}
+    if bad:
+        listed = ", ".join(f"{name} has {count} non-finite entries" for name, count in bad.items())
+        raise ValueError(f"{who}: the run diverged ({listed}); {remedy}")
 
 
 def minibatch_loss(fn, unravel, data, likelihood, prior_precision, dtype):

@@ -34,7 +34,7 @@ from linops.likelihoods import Gaussian, Likelihood
 from linops.models import ravel
 from linops.runtime import batched_map, canonical_convolutions, has_conv, program, tick
 from posteriors._checks import check_data, check_likelihood, check_params, check_targets
-from posteriors._training import check_step_settings, minibatch_loss, positive_int
+from posteriors._training import check_step_settings, check_trained, minibatch_loss, positive_int
 
 
 class DeepEnsemble(eqx.Module):
@@ -184,7 +184,6 @@ def deep_ensemble(fn, init: Callable, data, likelihood: Likelihood, *, key: jax.
     check_data(data, who)
     num_members = positive_int(num_members, "num_members", who, minimum=2)
     num_steps = positive_int(num_steps, "num_steps", who)
-    check_step_settings(who, learning_rate, prior_precision)
     if not callable(init):
         raise TypeError(f"{who}: init must be a function key -> params, got {type(init).__name__}")
     n = jax.tree_util.tree_leaves(data[0])[0].shape[0]
@@ -194,7 +193,8 @@ def deep_ensemble(fn, init: Callable, data, likelihood: Likelihood, *, key: jax.
     check_params(params0, who)
     check_targets(fn, params0, data, likelihood, who)
     _, unravel = ravel(params0)
-    starts = jnp.stack([ravel(params0)[0]] + [ravel(init(jax.random.fold_in(k_init, m)))[0]
+    check_step_settings(who, learning_rate, prior_precision, ravel(params0)[0].shape[0])
+    starts = jnp.stack([ravel(params0)[0]] + [_member_start(init, jax.random.fold_in(k_init, m), params0, m, who)
                                              for m in range(1, num_members)])
     in_turn = _members_in_turn(minibatch_loss(fn, unravel, data, likelihood, prior_precision, starts.dtype),
                                starts[0], batch_size)
@@ -203,7 +203,27 @@ def deep_ensemble(fn, init: Callable, data, likelihood: Likelihood, *, key: jax.
     rate, alpha = (jax.device_put(np.asarray(v, starts.dtype)) for v in (learning_rate, prior_precision))
     members = _train_members(fn, unravel, data, likelihood, alpha, rate, starts, keys, batch_size=batch_size,
                              in_turn=in_turn, label=who if progress else None)
+    if not isinstance(members, jax.core.Tracer):
+        diverged = np.flatnonzero(~np.isfinite(np.asarray(members)).all(axis=1))
+        if diverged.size:
+            check_trained(who, f"members {diverged.tolist()} of {num_members} diverged: Adam at learning_rate="
+                          f"{learning_rate!r} is too large for this loss, use a smaller one", members=members)
     return DeepEnsemble(fn, members, unravel, likelihood)
+
+
+def _member_start(init, key, params0, m, who):
+    """Member ``m``'s initialisation, flat: the same structure, shapes and dtypes as member 0's, and finite."""
+    params = init(key)
+    if jax.tree_util.tree_structure(params) != jax.tree_util.tree_structure(params0) or any(
+            np.shape(a) != np.shape(b) or jnp.result_type(a) != jnp.result_type(b)
+            for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(params0), strict=True)):
+        raise ValueError(f"{who}: init gave member {m} parameters of another structure, shape or dtype than "
+                         "member 0's: init(key) must return the same pytree for every key")
+    try:
+        check_params(params, who)
+    except ValueError:
+        raise ValueError(f"{who}: init gave member {m} non-finite parameters") from None
+    return ravel(params)[0]
 
 
 @program

@@ -246,7 +246,7 @@ def _read_header(f, path, size):
         raise ValueError(f"load: {path} is not a posterior saved by posteriors.save")
     try:
         header = json.loads(line.decode())
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):  # a hostile header: nested past the stack
         header = None
     if not isinstance(header, dict) or not isinstance(header.get("format"), int):
         raise ValueError(f"load: {path} is not a posterior saved by posteriors.save")

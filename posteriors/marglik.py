@@ -29,7 +29,7 @@ from linops.runtime import canonical_convolutions, new_bar, program, tick, updat
 from posteriors._checks import check_data, check_likelihood, check_params, check_targets
 from posteriors._prior import canonical_prior, check_sigma, noise_scale
 from posteriors._structures import REGISTRY
-from posteriors._training import minibatch_loss, positive_int
+from posteriors._training import check_trained, minibatch_loss, positive_int
 from posteriors.laplace_family import STRUCTURES, LaplacePosterior, laplace
 from posteriors.weights import select
 
@@ -142,9 +142,16 @@ def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik",
                          "'layerwise'")
     if tune_sigma:
         check_sigma(post, 1.0, who)  # refuses a non-Gaussian or per-output sigma with a clear error
+    if np.shape(learning_rate) != () or not (isinstance(learning_rate, jax.core.Tracer)
+                                             or (np.isfinite(learning_rate) and learning_rate > 0)):
+        raise ValueError(f"{who}: learning_rate must be a finite positive number, got {learning_rate!r}")
+    num_steps = positive_int(num_steps, "num_steps", who)
     rate = jax.device_put(np.asarray(learning_rate, unravel_of(post.params).dtype))  # data, not a program key
     alpha, sigma, trace = _tune(post, rate, num_steps=num_steps, prior_structure=prior_structure,
                                 tune_sigma=tune_sigma, sizes=tuple(post.weights.group_sizes(post.params)), label=label)
+    check_trained(who, f"Adam on the log evidence at learning_rate={learning_rate!r} is too large (the steps are "
+                  "on the logarithms of the precisions): use a smaller one", prior_precision=alpha,
+                  **({"sigma": sigma} if tune_sigma else {}))
     try:
         tuned = _with_subset_prior(post, alpha, sigma)
     except ValueError as e:
@@ -223,8 +230,8 @@ def _gridsearch(post, validation, grid, link, who, label=None, objective="nll"):
         raise ValueError(f"{who}: objective={objective!r} scores a categorical likelihood's class probabilities; "
                          f"this posterior's likelihood is {type(post.likelihood).__name__} (use objective='nll')")
     grid = jnp.logspace(-4, 4, 33) if grid is None else jnp.asarray(grid)
-    if grid.ndim != 1 or grid.shape[0] < 2 or not bool(jnp.all(grid > 0)):
-        raise ValueError(f"{who}: grid must be a 1-D array of at least two positive precisions, got {grid}")
+    if grid.ndim != 1 or grid.shape[0] < 2 or not bool(jnp.all((grid > 0) & jnp.isfinite(grid))):
+        raise ValueError(f"{who}: grid must be a 1-D array of at least two finite positive precisions, got {grid}")
     Xv, Yv = validation
     Yv = _checked_nll_targets(post, Xv, Yv, post.likelihood)  # refused before any predictive
     score = {"ece": metrics.ece, "brier": metrics.brier}.get(objective)

@@ -171,6 +171,9 @@ def _check_prior(prior_precision, key, who):
                              "pass key=jax.random.key(...)")
     else:
         alpha = jnp.asarray(prior_precision)
+        if alpha.ndim:
+            raise ValueError(f"{who}: prior_precision must be a scalar (the projected posterior's covariance is "
+                             f"Pi / alpha, one isotropic precision) or 'optimal', got an array of shape {alpha.shape}")
         if not isinstance(alpha, jax.core.Tracer) and not float(alpha) > 0:
             raise ValueError(f"{who}: prior_precision must be positive, got {float(alpha)}")
         if not isinstance(alpha, jax.core.Tracer) and float(alpha) == float("inf"):

@@ -43,7 +43,7 @@ from linops.likelihoods import Likelihood
 from linops.models import ravel
 from linops.runtime import canonical_convolutions, program, tick
 from posteriors._checks import check_data, check_likelihood, check_params, check_targets
-from posteriors._training import check_step_settings, minibatch_loss, positive_int
+from posteriors._training import check_step_settings, check_trained, minibatch_loss, positive_int
 from posteriors.gaussian import GaussianPosterior
 
 
@@ -212,11 +212,13 @@ def swag(fn, params, data, likelihood: Likelihood, *, key: jax.Array, num_snapsh
     if rank == 1 or rank > num_snapshots:
         raise ValueError(f"{who}: rank must be 0 (SWAG-diagonal) or between 2 and num_snapshots = {num_snapshots} "
                          f"(D D^T / (K - 1) needs K >= 2 deviations), got {rank}")
-    check_step_settings(who, learning_rate, prior_precision)
+    check_step_settings(who, learning_rate, prior_precision, ravel(params)[0].shape[0], momentum)
     mean, variance, deviations, _ = _sgd_moments(
         fn, params, data, likelihood, key=key, num_steps=num_snapshots * collect_every, collect_every=collect_every,
         learning_rate=learning_rate, batch_size=batch_size, prior_precision=prior_precision, momentum=momentum,
         rank=rank, label=who if progress else None)
+    check_trained(who, f"SGD at learning_rate={learning_rate!r} is too large for this loss: use a smaller one",
+                  mean=mean, variance=variance, deviations=deviations)
     unravel = ravel(params)[1]
     # every collect_every-th of num_snapshots * collect_every steps is collected: the count is num_snapshots, a
     # Python int (not the loop's traced counter), so that swag traces under jit and eval_shape

@@ -26,6 +26,27 @@ W = {"W": jnp.zeros((2, 4))}
 X, Y = jnp.ones((6, 4)), jnp.zeros((6, 2))
 NAN_X = X.at[2, 1].set(jnp.nan)
 SYM = {"symmetric"}
+KEY = jax.random.key(0)
+
+
+def _nan_third_member():
+    """An ``init`` whose third call (member 2) gives NaN weights."""
+    calls = []
+
+    def init(key):
+        calls.append(key)
+        return {"W": jnp.full((2, 4), jnp.nan if len(calls) == 3 else 0.0)}
+    return init
+
+
+def _wide_second_member():
+    """An ``init`` whose second call (member 1) gives a wider weight."""
+    calls = []
+
+    def init(key):
+        calls.append(key)
+        return {"W": jnp.zeros((2, 5 if len(calls) == 2 else 4))}
+    return init
 
 CASES = {
     # posteriors
@@ -57,6 +78,31 @@ CASES = {
                               r"AlternatingProjectionOp: batch_size must be a positive integer, got 0"),
     "projected: non-finite inputs": (lambda: pst.projected_posterior(fn, W, NAN_X, batch_size=2), ValueError,
                                      r"projected_posterior: the inputs contain 1 non-finite values"),
+    "projected: array prior": (lambda: pst.projected_posterior(fn, W, X, batch_size=2, prior_precision=jnp.ones(8)),
+                               ValueError, r"projected_posterior: prior_precision must be a scalar .* shape \(8,\)"),
+    "swag: prior shape": (lambda: pst.swag(fn, W, (X, Y), Gaussian(1.0), key=KEY, prior_precision=jnp.ones(3)),
+                          ValueError, r"swag: prior_precision must be a scalar or one per parameter, shape \(8,\), "
+                          r"got shape \(3,\)"),
+    "swag: infinite rate": (lambda: pst.swag(fn, W, (X, Y), Gaussian(1.0), key=KEY, learning_rate=jnp.inf),
+                            ValueError, r"swag: learning_rate must be finite and positive, got inf"),
+    "swag: array rate": (lambda: pst.swag(fn, W, (X, Y), Gaussian(1.0), key=KEY, learning_rate=jnp.ones(2)),
+                         ValueError, r"swag: learning_rate must be a scalar, got an array of shape \(2,\)"),
+    "swag: momentum": (lambda: pst.swag(fn, W, (X, Y), Gaussian(1.0), key=KEY, momentum=1.0), ValueError,
+                       r"swag: momentum must be a number in \[0, 1\)"),
+    "subnetwork swag: rate": (lambda: pst.subnetwork.swag(fn, W, (X, Y), Gaussian(1.0), 2, key=KEY,
+                                                          learning_rate=-1.0), ValueError,
+                              r"subnetwork\.swag: learning_rate must be finite and positive, got -1\.0"),
+    "subnetwork swag: steps": (lambda: pst.subnetwork.swag(fn, W, (X, Y), Gaussian(1.0), 2, key=KEY, num_steps=0),
+                               ValueError, r"subnetwork\.swag: num_steps must be an integer >= 1, got 0"),
+    "ensemble: prior shape": (lambda: pst.deep_ensemble(fn, lambda k: W, (X, Y), Gaussian(1.0), key=KEY,
+                                                        prior_precision=jnp.ones(3)), ValueError,
+                              r"deep_ensemble: prior_precision must be a scalar or one per parameter"),
+    "ensemble: a member's init": (lambda: pst.deep_ensemble(fn, _nan_third_member(), (X, Y), Gaussian(1.0), key=KEY,
+                                                            num_members=4), ValueError,
+                                  r"deep_ensemble: init gave member 2 non-finite parameters"),
+    "ensemble: a member's shapes": (lambda: pst.deep_ensemble(fn, _wide_second_member(), (X, Y), Gaussian(1.0),
+                                                              key=KEY, num_members=3), ValueError,
+                                    r"deep_ensemble: init gave member 1 parameters of another structure, shape"),
     "subnetwork: type": (lambda: pst.subnetwork_laplace(fn, W, (X, Y), Gaussian(1.0), [0, 1]), TypeError,
                          r"subnetwork_laplace: subnetwork must be a posteriors\.subnetwork\.Subnetwork, got list"),
     "subnetwork: size": (lambda: pst.subnetwork.largest_magnitude(W, 100), ValueError,
@@ -134,3 +180,47 @@ def test_a_progress_option_that_is_not_a_label_is_refused_naming_the_operation()
     with pytest.raises(TypeError, match=r"lanczos: progress must be a label \(str\) or None, got bool True"):
         lo.lanczos(lo.Diagonal(jnp.ones(3)), 2, v0=jnp.ones(3), progress=True)
     assert lo.GGNOp(model, w, X, Y, lik, progress="fit").progress == "fit"
+
+
+def test_a_diverged_run_is_refused_never_returned_as_a_posterior():
+    """SGD, Adam and the evidence's Adam at a learning rate far too large for the loss: float32 iterates overflow
+    to inf and NaN, and each fit says so, naming the rate, instead of returning a posterior of NaN (issue 37)."""
+    lin = lambda p, x: x @ p  # noqa: E731
+    Xs = 100.0 * jax.random.normal(jax.random.key(1), (40, 3), jnp.float32)
+    Ys = Xs @ jnp.ones((3, 2), jnp.float32)
+    data = (Xs, Ys)
+    with pytest.raises(ValueError, match=r"swag: the run diverged \(.*non-finite entries\); SGD at learning_rate=100"):
+        pst.swag(lin, jnp.zeros((3, 2), jnp.float32), data, Gaussian(1.0), key=KEY, learning_rate=100.0,
+                 num_snapshots=5, progress=False)
+    with pytest.raises(ValueError, match=r"subnetwork\.swag: the run diverged \(variance has"):
+        pst.subnetwork.swag(lin, jnp.zeros((3, 2), jnp.float32), data, Gaussian(1.0), 2, key=KEY,
+                            learning_rate=100.0, num_steps=200, progress=False)
+    with pytest.raises(ValueError, match=r"deep_ensemble: the run diverged .*members \[0, 1, 2\] of 3 diverged"):
+        pst.deep_ensemble(lin, lambda k: jax.random.normal(k, (3, 2), jnp.float32), data, Gaussian(1.0), key=KEY,
+                          num_members=3, num_steps=200, learning_rate=1e37, progress=False)
+    post = pst.laplace(fn, W, (X, Y), Gaussian(1.0), structure="diag")
+    with pytest.raises(ValueError, match=r"optimize_prior_precision: the run diverged \(prior_precision has 1 "
+                                         r"non-finite entries\); Adam on the log evidence at "
+                                         r"learning_rate=100000000\.0"):
+        pst.optimize_prior_precision(post, learning_rate=1e8, num_steps=20, progress=False)
+
+
+def test_the_prior_tuning_refuses_rates_and_grids_it_cannot_use():
+    post = pst.laplace(fn, W, (X, Y), Gaussian(1.0), structure="diag")
+    for rate in (float("inf"), -1.0, 0.0):
+        with pytest.raises(ValueError, match=r"optimize_prior_precision: learning_rate must be a finite positive"):
+            pst.optimize_prior_precision(post, learning_rate=rate, progress=False)
+    with pytest.raises(ValueError, match=r"optimize_prior_precision: grid must be a 1-D array of at least two finite"):
+        pst.optimize_prior_precision(post, method="gridsearch", validation=(X, Y), grid=[1.0, jnp.inf])
+    with pytest.raises(ValueError, match=r"nll: .*targets"):  # validation targets that do not fit: before any value
+        pst.optimize_prior_precision(post, method="gridsearch", validation=(X, Y[:, :1]))
+
+
+def test_a_file_whose_header_nests_past_the_stack_is_refused_by_name(tmp_path):
+    """A hostile header (JSON nested 200,000 deep) is "not a posterior", not a raw RecursionError."""
+    post = pst.laplace(fn, W, (X, Y), Gaussian(1.0), structure="diag")
+    pst.save(post, tmp_path / "a.post")
+    body = (tmp_path / "a.post").read_bytes().split(b"\n", 1)[1]
+    (tmp_path / "b.post").write_bytes(b"[" * 200_000 + b"]" * 200_000 + b"\n" + body)
+    with pytest.raises(ValueError, match=r"load: .*b\.post is not a posterior saved by posteriors\.save"):
+        pst.load(tmp_path / "b.post", post)

@@ -176,8 +176,8 @@ def test_deep_ensemble_trains_independent_members():
     assert float(jnp.abs(shuffled.members[0] - shuffled.members[1]).max()) > 1e-6
     for bad, match in ((dict(num_members=1), "num_members must be an integer >= 2"),
                        (dict(batch_size=0), "batch_size must be an integer >= 1"),
-                       (dict(learning_rate=-1.0), "learning_rate must be positive"),
-                       (dict(prior_precision=-2.0), "prior_precision must be >= 0"),
+                       (dict(learning_rate=-1.0), "learning_rate must be finite and positive"),
+                       (dict(prior_precision=-2.0), "prior_precision must be finite and >= 0"),
                        (dict(num_steps=0), "num_steps must be an integer >= 1")):
         with pytest.raises(ValueError, match=f"deep_ensemble: {match}"):
             pst.deep_ensemble(fn, init, (X, Y), Gaussian(SIGMA), key=jax.random.key(0), **bad)
