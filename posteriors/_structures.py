@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
@@ -325,6 +326,28 @@ class FunctionalGGN(_LowRankForm):
         return cls(V.as_matrix(), S**2, points=idx)
 
 
+LONG_EIGENDECOMPOSITION = 4096
+"""Kronecker factors this wide or wider make a KFAC fit warn before its eigendecompositions (about 14 s for one
+in float32 on 2 CPU cores, a cubic cost: 20,000 inputs take about half an hour)."""
+
+EIGH_SECONDS_PER_CUBE = 2e-10
+"""Seconds per d**3 of a float32 eigendecomposition (`jax.numpy.linalg.eigh`), measured on 2 CPU cores at d = 1,000
+and 2,000 (0.2 s and 1.7 s, 2026-11-28); float64 counts twice."""
+
+
+def warn_long_eigendecompositions(sizes, dtype, who: str) -> None:
+    """Warn, before the work, when eigendecomposing Kronecker factors of these ``sizes`` takes minutes."""
+    long = sorted((d for d in sizes if d >= LONG_EIGENDECOMPOSITION), reverse=True)
+    if not long:
+        return
+    seconds = EIGH_SECONDS_PER_CUBE * (2 if np.dtype(dtype) == np.float64 else 1) * sum(float(d) ** 3 for d in sizes)
+    estimate = f"{seconds / 60:.0f} minutes" if seconds >= 90 else f"{seconds:.0f} s"
+    warnings.warn(f"{who}(structure='kfac'): eigendecomposing Kronecker factors of sizes "
+                  f"{', '.join(f'{d:,}' for d in long)} (a cost cubic in the size) takes about {estimate} on 2 CPU "
+                  "cores (less with more cores or on a GPU). To avoid it, leave the widest layers out (a last-layer or "
+                  "diagonal posterior: subset_of_weights=..., structure='diag') or reduce their width", stacklevel=2)
+
+
 @register("kfac")
 class KFACGGN(StructuredGGN):
     """Per leaf an eigen-decomposed curvature block $Q \\operatorname{diag}(w) Q^\\top$ (`linops.EigenDecomposed`),
@@ -360,6 +383,8 @@ class KFACGGN(StructuredGGN):
             factors[w] = (first, second)
             if b is not None:
                 factors[b] = (B,)
+        warn_long_eigendecompositions([F.shape[-1] for fs in factors if fs is not None for F in fs],
+                                      jnp.result_type(*K.factors[0]) if K.factors else jnp.float32, r.who)
         eigenvectors, eigenvalues = [], []
         for i, fs in enumerate(factors):
             if fs is None:  # in no recognised layer: the exact GGN diagonal, eigenvectors the identity

@@ -288,3 +288,30 @@ def test_a_function_operator_of_the_wrong_length_and_a_write_protected_file_are_
     with pytest.raises(PermissionError, match=r"save: .*post.eqx is write-protected \(mode 0o444\)"):
         pst.save(post, path)
     assert path.read_bytes() == before
+
+
+def test_kfac_warns_with_an_estimate_before_eigendecompositions_that_take_minutes(monkeypatch):
+    """Issue 37: a KFAC fit whose Kronecker factors are wide (4,096 or more: cubic cost, about half an hour at
+    20,000 inputs on 2 cores) says so, with the sizes and a time estimate, before eigendecomposing them (with
+    warnings as errors the fit stops there); narrower factors pass silently. The threshold is lowered here to
+    keep the test small: the rule, not the size, is what is tested."""
+    from linops.likelihoods import Categorical
+    from posteriors import _structures
+
+    X = jax.random.normal(jax.random.key(0), (30, 12))
+    y = jnp.arange(30) % 3
+    params = {"V": 0.3 * jax.random.normal(jax.random.key(1), (3, 6)),
+              "W": 0.3 * jax.random.normal(jax.random.key(2), (6, 12))}
+    fn = lambda p, x: p["V"] @ jnp.tanh(p["W"] @ x)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pst.laplace(fn, params, (X, y), Categorical(), structure="kfac")  # factors 3, 6, 6, 12: below it
+    monkeypatch.setattr(_structures, "LONG_EIGENDECOMPOSITION", 10)
+    monkeypatch.setattr(_structures, "EIGH_SECONDS_PER_CUBE", 0.5)  # 2 x 0.5 s x (3^3 + 2 6^3 + 12^3): 36 min
+    with pytest.warns(UserWarning, match=r"laplace\(structure='kfac'\): eigendecomposing Kronecker factors of sizes "
+                                         r"12 \(a cost cubic in the size\) takes about 36 minutes"):
+        pst.laplace(fn, params, (X, y), Categorical(), structure="kfac", batch_size=7)  # another program: traced
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="eigendecomposing"):
+            pst.laplace(fn, params, (X, y), Categorical(), structure="kfac", batch_size=9)
