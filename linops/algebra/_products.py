@@ -5,9 +5,11 @@ Construction checks shapes and computes tags; it never simplifies (`linops.simpl
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import equinox as eqx
+import jax
 
 from linops import closed_forms
 from linops.algebra import _tags
@@ -32,6 +34,21 @@ def transpose_signature(op: LinearOperator, tags: frozenset | None = None):
     if isinstance(op, Transpose):
         return op.op.signature()
     return ("Transpose", op.signature())
+
+
+LONG_PRODUCT = 1000
+"""Products with this many factors or more warn when traced into a compiled program (`_warn_long_trace`)."""
+
+
+def _warn_long_trace(op, v) -> None:
+    """Warn, before XLA's compile, that a product of many factors traced under `jax.jit` unrolls one product per
+    factor into the program, and XLA's compile time grows with their count."""
+    if len(op.factors) >= LONG_PRODUCT and isinstance(v, jax.core.Tracer):
+        warnings.warn(f"Product: applying a product of {len(op.factors):,} factors inside a traced function unrolls "
+                      f"{len(op.factors):,} products into one program; XLA's compile time grows with them (on 2 CPU "
+                      "cores 13 s for 1,000 factors, 100 s for 3,000). Applied outside jax.jit it compiles nothing "
+                      "new (0.16 s for 1,000 small factors); or stack equal factors and apply them with "
+                      "jax.lax.scan, or fold them into one matrix first", stacklevel=3)
 
 
 @shares_arrays("factors")
@@ -111,21 +128,25 @@ class Product(LinearOperator):
         return ("Product",) + tuple(f.signature() for f in self.flat_factors())
 
     def mv(self, v):
+        _warn_long_trace(self, v)
         for f in reversed(self.factors):
             v = f.mv(v)
         return v
 
     def mm(self, V):
+        _warn_long_trace(self, V)
         for f in reversed(self.factors):
             V = f.mm(V)
         return V
 
     def rmv(self, u):
+        _warn_long_trace(self, u)
         for f in self.factors:
             u = f.rmv(u)
         return u
 
     def rmm(self, U):
+        _warn_long_trace(self, U)
         for f in self.factors:
             U = f.rmm(U)
         return U
