@@ -141,6 +141,18 @@ def _factor_and_check(ggn, alpha, scale):
     return factor, _all_finite(factor) & ggn.definite(alpha, scale)
 
 
+def _check_fitted(fitted, loss, who) -> None:
+    """Refuse a fit whose curvature or loss is not finite (``fitted``: computed with them): the model's outputs or
+    their derivatives overflow at these parameters and data, and every later quantity would be NaN or Inf."""
+    if isinstance(fitted, jax.core.Tracer) or bool(fitted):
+        return
+    where = "the loss on the data is not finite" if not np.isfinite(np.asarray(loss)) else \
+        "the loss is finite, but the fitted curvature is not"
+    raise ValueError(f"{who}: {where}: the model's outputs or their derivatives overflow (or are NaN) at these "
+                     "parameters and data, so the posterior would be NaN. Check the model's outputs on the data (an "
+                     "exp or a large logit overflows first in float32), or use float64 parameters")
+
+
 def _check_factor(finite, alpha, scale, dtype, who, curvature="ggn") -> None:
     """Refuse a factorisation that is not finite (``finite``: `_all_finite` of it).
 
@@ -373,11 +385,12 @@ _fit_compiled = program(_fit)
 
 
 def _posterior_terms(fn, params, X, Y, likelihood, ggn, alpha, data_terms=None):
-    """``(loss, residual sums of squares, factorisation at alpha and noise scale 1, whether it is finite)``;
-    ``data_terms``: the first two when already summed (`_example_terms`), else a forward pass computes them."""
+    """``(loss, residual sums of squares, factorisation at alpha and noise scale 1, whether it is finite, whether
+    the fitted curvature and the loss are)``; ``data_terms``: the first two when already summed
+    (`_example_terms`), else a forward pass computes them."""
     loss, rss = _data_terms(fn, params, X, Y, likelihood) if data_terms is None else data_terms
     factor, finite = _factor_and_check(ggn, alpha, jnp.ones((), jnp.result_type(alpha)))
-    return loss, rss, factor, finite
+    return loss, rss, factor, finite, _all_finite(ggn) & jnp.isfinite(loss)
 
 
 _posterior_terms_compiled = program(_posterior_terms)
@@ -410,8 +423,9 @@ def make_posterior(fn, params, X, Y, likelihood, ggn, alpha, weights=None, terms
     if terms is None:
         terms = (_posterior_terms_compiled if ggn.compile_fit else _posterior_terms)(fn, params, X, Y, likelihood,
                                                                                     ggn, alpha)
-    loss, rss, factor, finite = terms
+    loss, rss, factor, finite, fitted = terms
     scale = np.ones((), jnp.result_type(alpha))
+    _check_fitted(fitted, loss, who or f"laplace(structure={ggn.name!r})")
     _check_factor(finite, alpha, scale, jnp.result_type(alpha), who or f"laplace(structure={ggn.name!r})", curvature)
     return LaplacePosterior(fn=fn, params=params, unravel=unravel_of(params), likelihood=likelihood, ggn=ggn,
                             weights=weights, prior_precision=alpha, noise_scale=jax.device_put(scale), loss=loss,

@@ -315,3 +315,22 @@ def test_kfac_warns_with_an_estimate_before_eigendecompositions_that_take_minute
         warnings.simplefilter("error")
         with pytest.raises(UserWarning, match="eigendecomposing"):
             pst.laplace(fn, params, (X, y), Categorical(), structure="kfac", batch_size=9)
+
+
+@pytest.mark.parametrize("structure", ["full", "diag", "kfac", "lowrank"])
+def test_a_fit_whose_outputs_or_curvature_overflow_is_refused_not_returned_as_nan(structure):
+    """Issue 37: an exp head overflowing in float32 gave diag, KFAC and low-rank posteriors of NaN (full blamed the
+    prior precision); a square root at 0 gives a finite loss but an infinite curvature. Both are refused, naming
+    which, instead of returning a posterior every prediction of which is NaN."""
+    from linops.likelihoods import Gaussian
+
+    X = jnp.abs(jax.random.normal(jax.random.key(0), (40, 3), jnp.float32)) + 1.0
+    Y = jnp.zeros((40, 2), jnp.float32)
+    kw = {"structure": structure, **({"key": jax.random.key(1), "rank": 2} if structure == "lowrank" else {})}
+    overflow = lambda p, x: jnp.exp(x @ p["W"])  # noqa: E731 - exp(30 x 3) overflows float32
+    with pytest.raises(ValueError, match=rf"laplace\(structure='{structure}'\): the loss on the data is not finite"):
+        pst.laplace(overflow, {"W": jnp.full((3, 2), 30.0, jnp.float32)}, (X, Y), Gaussian(1.0), **kw)
+    root = lambda p, x: jnp.sqrt(jnp.abs(x @ p["W"]))  # noqa: E731 - output 0, derivative inf at W = 0
+    with pytest.raises(ValueError, match=rf"laplace\(structure='{structure}'\): the loss is finite, but the fitted "
+                                         r"curvature is not"):
+        pst.laplace(root, {"W": jnp.zeros((3, 2), jnp.float32)}, (X, Y), Gaussian(1.0), **kw)
