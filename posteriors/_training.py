@@ -14,15 +14,19 @@ def positive_int(value, name: str, who: str, minimum: int = 1) -> int:
     return int(value)
 
 
+def check_rate(value, name: str, who: str) -> None:
+    """A step size is a finite positive scalar (a traced one: its shape only), else a `ValueError` naming it."""
+    if np.shape(value) != ():
+        raise ValueError(f"{who}: {name} must be a scalar, got an array of shape {np.shape(value)}")
+    if not isinstance(value, jax.core.Tracer) and not (np.isfinite(value) and value > 0):
+        raise ValueError(f"{who}: {name} must be finite and positive, got {value!r}")
+
+
 def check_step_settings(who: str, learning_rate, prior_precision, num_params: int, momentum=0.0) -> None:
     """Before any step: a finite positive scalar learning rate, a finite non-negative prior precision (weight
     decay), scalar or one per parameter (``num_params``), and a momentum in [0, 1). Traced values (under
     `jax.jit`) have their shapes checked only."""
-    rate_shape = np.shape(learning_rate)
-    if rate_shape != ():
-        raise ValueError(f"{who}: learning_rate must be a scalar, got an array of shape {rate_shape}")
-    if not isinstance(learning_rate, jax.core.Tracer) and not (np.isfinite(learning_rate) and learning_rate > 0):
-        raise ValueError(f"{who}: learning_rate must be finite and positive, got {learning_rate!r}")
+    check_rate(learning_rate, "learning_rate", who)
     if np.shape(prior_precision) not in ((), (num_params,)):
         raise ValueError(f"{who}: prior_precision must be a scalar or one per parameter, shape ({num_params},), "
                          f"got shape {np.shape(prior_precision)}")

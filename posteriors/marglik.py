@@ -29,7 +29,7 @@ from linops.runtime import canonical_convolutions, new_bar, program, tick, updat
 from posteriors._checks import check_data, check_likelihood, check_params, check_targets
 from posteriors._prior import canonical_prior, check_sigma, noise_scale
 from posteriors._structures import REGISTRY
-from posteriors._training import check_trained, minibatch_loss, positive_int
+from posteriors._training import check_rate, check_trained, minibatch_loss, positive_int
 from posteriors.laplace_family import STRUCTURES, LaplacePosterior, laplace
 from posteriors.weights import select
 
@@ -142,9 +142,7 @@ def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik",
                          "'layerwise'")
     if tune_sigma:
         check_sigma(post, 1.0, who)  # refuses a non-Gaussian or per-output sigma with a clear error
-    if np.shape(learning_rate) != () or not (isinstance(learning_rate, jax.core.Tracer)
-                                             or (np.isfinite(learning_rate) and learning_rate > 0)):
-        raise ValueError(f"{who}: learning_rate must be a finite positive number, got {learning_rate!r}")
+    check_rate(learning_rate, "learning_rate", who)
     num_steps = positive_int(num_steps, "num_steps", who)
     rate = jax.device_put(np.asarray(learning_rate, unravel_of(post.params).dtype))  # data, not a program key
     alpha, sigma, trace = _tune(post, rate, num_steps=num_steps, prior_structure=prior_structure,

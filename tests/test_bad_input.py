@@ -208,7 +208,7 @@ def test_a_diverged_run_is_refused_never_returned_as_a_posterior():
 def test_the_prior_tuning_refuses_rates_and_grids_it_cannot_use():
     post = pst.laplace(fn, W, (X, Y), Gaussian(1.0), structure="diag")
     for rate in (float("inf"), -1.0, 0.0):
-        with pytest.raises(ValueError, match=r"optimize_prior_precision: learning_rate must be a finite positive"):
+        with pytest.raises(ValueError, match=r"optimize_prior_precision: learning_rate must be finite and positive"):
             pst.optimize_prior_precision(post, learning_rate=rate, progress=False)
     with pytest.raises(ValueError, match=r"optimize_prior_precision: grid must be a 1-D array of at least two finite"):
         pst.optimize_prior_precision(post, method="gridsearch", validation=(X, Y), grid=[1.0, jnp.inf])
