@@ -34,7 +34,7 @@ from linops.likelihoods import Gaussian, Likelihood
 from linops.models import ravel
 from linops.runtime import batched_map, canonical_convolutions, has_conv, program, tick
 from posteriors._checks import check_data, check_likelihood, check_params, check_targets
-from posteriors._training import check_step_settings, check_trained, minibatch_loss, positive_int
+from posteriors._training import check_step_settings, minibatch_loss, positive_int
 
 
 class DeepEnsemble(eqx.Module):
@@ -192,9 +192,9 @@ def deep_ensemble(fn, init: Callable, data, likelihood: Likelihood, *, key: jax.
     params0 = init(jax.random.fold_in(k_init, 0))
     check_params(params0, who)
     check_targets(fn, params0, data, likelihood, who)
-    _, unravel = ravel(params0)
-    check_step_settings(who, learning_rate, prior_precision, ravel(params0)[0].shape[0])
-    starts = jnp.stack([ravel(params0)[0]] + [_member_start(init, jax.random.fold_in(k_init, m), params0, m, who)
+    flat0, unravel = ravel(params0)
+    check_step_settings(who, learning_rate, prior_precision, flat0.shape[0])
+    starts = jnp.stack([flat0] + [_member_start(init, jax.random.fold_in(k_init, m), params0, m, who)
                                              for m in range(1, num_members)])
     in_turn = _members_in_turn(minibatch_loss(fn, unravel, data, likelihood, prior_precision, starts.dtype),
                                starts[0], batch_size)
@@ -203,11 +203,12 @@ def deep_ensemble(fn, init: Callable, data, likelihood: Likelihood, *, key: jax.
     rate, alpha = (jax.device_put(np.asarray(v, starts.dtype)) for v in (learning_rate, prior_precision))
     members = _train_members(fn, unravel, data, likelihood, alpha, rate, starts, keys, batch_size=batch_size,
                              in_turn=in_turn, label=who if progress else None)
-    if not isinstance(members, jax.core.Tracer):
+    if not isinstance(members, jax.core.Tracer):  # a diverged member is refused, never returned
         diverged = np.flatnonzero(~np.isfinite(np.asarray(members)).all(axis=1))
         if diverged.size:
-            check_trained(who, f"members {diverged.tolist()} of {num_members} diverged: Adam at learning_rate="
-                          f"{learning_rate!r} is too large for this loss, use a smaller one", members=members)
+            raise ValueError(f"{who}: the run diverged (members {diverged.tolist()} of {num_members} diverged to "
+                             f"non-finite parameters); Adam at learning_rate={learning_rate!r} is too large for this "
+                             "loss, use a smaller one")
     return DeepEnsemble(fn, members, unravel, likelihood)
 
 

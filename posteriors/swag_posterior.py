@@ -49,20 +49,25 @@ from posteriors.gaussian import GaussianPosterior
 
 def _sgd_moments(fn, params, data, likelihood: Likelihood, *, key: jax.Array, num_steps: int, collect_every: int,
                 learning_rate: float, batch_size: int, prior_precision, momentum: float, rank: int,
-                label: str | None):
+                label: str | None, who: str):
     r"""SGD with momentum from ``params``; the moments of the iterates collected every ``collect_every`` steps.
 
     Returns ``(mean (P,), variance (P,), deviations (P, rank), count)``: the mean of the collected iterates,
     their population variance (Welford), the deviations $\theta_i - \bar\theta_i$ of the last ``rank``
     collected iterates from the running mean after each update (in ring-buffer order: the order does not
-    change $D D^\top$), and the number collected. Used by `swag` and `posteriors.subnetwork.swag`.
+    change $D D^\top$), and the number collected. Used by `swag` and `posteriors.subnetwork.swag` (``who``):
+    the step settings are checked before the first step, and a run that diverged is refused, never returned.
     """
     flat, unravel = ravel(params)
-    dtype = flat.dtype
+    check_step_settings(who, learning_rate, prior_precision, flat.shape[0], momentum)
     # numbers as arrays: data of the compiled program, not part of its key (a new rate or prior compiles nothing)
-    rate, alpha = (jax.device_put(np.asarray(v, dtype)) for v in (learning_rate, prior_precision))
-    return _sgd_run(fn, unravel, data, likelihood, alpha, rate, flat, key, num_steps=num_steps,
-                    collect_every=collect_every, batch_size=int(batch_size), momentum=momentum, rank=rank, label=label)
+    rate, alpha = (jax.device_put(np.asarray(v, flat.dtype)) for v in (learning_rate, prior_precision))
+    mean, variance, deviations, count = _sgd_run(
+        fn, unravel, data, likelihood, alpha, rate, flat, key, num_steps=num_steps, collect_every=collect_every,
+        batch_size=int(batch_size), momentum=momentum, rank=rank, label=label)
+    check_trained(who, f"SGD at learning_rate={learning_rate!r} is too large for this loss: use a smaller one",
+                  variance=variance, mean=mean, deviations=deviations)
+    return mean, variance, deviations, count
 
 
 @program
@@ -212,13 +217,10 @@ def swag(fn, params, data, likelihood: Likelihood, *, key: jax.Array, num_snapsh
     if rank == 1 or rank > num_snapshots:
         raise ValueError(f"{who}: rank must be 0 (SWAG-diagonal) or between 2 and num_snapshots = {num_snapshots} "
                          f"(D D^T / (K - 1) needs K >= 2 deviations), got {rank}")
-    check_step_settings(who, learning_rate, prior_precision, ravel(params)[0].shape[0], momentum)
     mean, variance, deviations, _ = _sgd_moments(
         fn, params, data, likelihood, key=key, num_steps=num_snapshots * collect_every, collect_every=collect_every,
         learning_rate=learning_rate, batch_size=batch_size, prior_precision=prior_precision, momentum=momentum,
-        rank=rank, label=who if progress else None)
-    check_trained(who, f"SGD at learning_rate={learning_rate!r} is too large for this loss: use a smaller one",
-                  mean=mean, variance=variance, deviations=deviations)
+        rank=rank, label=who if progress else None, who=who)
     unravel = ravel(params)[1]
     # every collect_every-th of num_snapshots * collect_every steps is collected: the count is num_snapshots, a
     # Python int (not the loop's traced counter), so that swag traces under jit and eval_shape

@@ -49,9 +49,10 @@ def new_bar(desc: str, total: int | None, unit: str = "it"):
     stream = sys.stderr
     if stream is None or getattr(stream, "closed", False):  # pythonw, or stderr closed: nowhere to draw
         return tqdm(desc=desc, total=total, unit=unit, disable=True)
-    interval = 0.1 if _GuardedStream(stream).isatty() else LOG_INTERVAL
+    stream = _GuardedStream(stream)
+    interval = 0.1 if stream.isatty() else LOG_INTERVAL
     return tqdm(desc=desc, total=total, unit=unit, delay=DELAY, mininterval=interval, maxinterval=max(interval, 10),
-                file=_GuardedStream(stream), dynamic_ncols=True, leave=True)
+                file=stream, dynamic_ncols=True, leave=True)
 
 
 class _GuardedStream:
