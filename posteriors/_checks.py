@@ -24,9 +24,18 @@ def check_data(data, who: str, what: str = "data") -> tuple:
     if not (isinstance(data, tuple) and len(data) == 2):
         raise ValueError(f"{who}: {what} must be an (inputs, targets) pair, got "
                          + (f"a tuple of {len(data)}" if isinstance(data, tuple) else type(data).__name__))
+    check_examples(data[0], who, f"the {what}")
     check_finite(data[0], who, f"the {what}'s inputs")
     check_finite(data[1], who, f"the {what}'s targets")
     return data
+
+
+def check_examples(inputs, who: str, what: str = "the inputs") -> None:
+    """``inputs`` hold at least one example (a leading axis of length 0 is refused in ``who``'s name)."""
+    first = next((leaf for leaf in jax.tree_util.tree_leaves(inputs) if np.ndim(leaf)), None)
+    if first is not None and np.shape(first)[0] == 0:
+        raise ValueError(f"{who}: no examples in {what} (inputs of shape {tuple(np.shape(first))}); a posterior "
+                         "needs at least one")
 
 
 def check_finite(tree, who: str, what: str) -> None:

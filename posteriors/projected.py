@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 import linops as lo
 from linops.models import ravel
-from posteriors._checks import check_data, check_finite, check_likelihood, check_params
+from posteriors._checks import check_data, check_examples, check_finite, check_likelihood, check_params
 from posteriors._training import positive_int
 from posteriors.gaussian import GaussianPosterior
 
@@ -220,6 +220,7 @@ def projected_posterior(fn, params, data, *, batch_size: int, prior_precision=1.
     check_params(params, "projected_posterior")
     _check_prior(prior_precision, key, "projected_posterior")
     inputs = data[0] if isinstance(data, tuple) else data
+    check_examples(inputs, "projected_posterior", "the training inputs")
     check_finite(inputs, "projected_posterior", "the inputs")
     projection_options.setdefault("progress", True)
     projection = lo.AlternatingProjectionOp.from_jacobian(fn, params, inputs, batch_size=batch_size,

@@ -158,10 +158,13 @@ def diagonal_laplace(fn, params, data, likelihood: Likelihood, size: int, *, pri
         >>> diagonal_laplace(lambda w, x: (x @ w)[None], jnp.zeros(3), (X, jnp.zeros((2, 1))), Gaussian(1.0), 1).indices
         Array([1], dtype=int32)
     """
-    X, Y = data
-    label = "subnetwork.diagonal_laplace" if progress else None
+    who = "subnetwork.diagonal_laplace"
+    check_params(params, who)
+    check_likelihood(likelihood, who)
+    X, Y = check_data(data, who)
+    label = who if progress else None
     g = lo.diag(lo.GGNOp(fn, params, X, Y, likelihood, batch_size=batch_size, progress=label))
-    alpha = canonical_prior(prior_precision, params, AllWeights(), who="subnetwork.diagonal_laplace")
+    alpha = canonical_prior(prior_precision, params, AllWeights(), who=who)
     return largest_variance(params, 1.0 / (g + alpha), size, key=key, strategy="diagonal_laplace")
 
 

@@ -334,3 +334,29 @@ def test_a_fit_whose_outputs_or_curvature_overflow_is_refused_not_returned_as_na
     with pytest.raises(ValueError, match=rf"laplace\(structure='{structure}'\): the loss is finite, but the fitted "
                                          r"curvature is not"):
         pst.laplace(root, {"W": jnp.zeros((3, 2), jnp.float32)}, (X, Y), Gaussian(1.0), **kw)
+
+
+def test_data_without_examples_is_refused_by_the_function_called():
+    """Issue 37: N = 0 reached GGNOp and was refused in its name ("GGNOp: inputs has no examples"), not the
+    posterior's the user called (last layer gave an IndexError before that). Each posterior that takes training
+    data now says it has none, in its own name."""
+    from posteriors import subnetwork
+
+    X, Y = jnp.ones((0, 2)), jnp.zeros((0, 1))
+    fn = lambda w, x: (x @ w)[None]  # noqa: E731
+    w, key = jnp.ones(2), jax.random.key(0)
+    calls = {
+        "laplace": lambda: pst.laplace(fn, w, (X, Y), Gaussian(1.0), structure="diag"),
+        "laplace ": lambda: pst.laplace(fn, w, (X, Y), Gaussian(1.0), structure="kfac"),
+        "swag": lambda: pst.swag(fn, w, (X, Y), Gaussian(1.0), key=key, progress=False),
+        "deep_ensemble": lambda: pst.deep_ensemble(fn, lambda k: w, (X, Y), Gaussian(1.0), key=key, num_members=2,
+                                                   progress=False),
+        "loss_projected_posterior": lambda: pst.loss_projected_posterior(fn, w, (X, Y), Gaussian(1.0), batch_size=1),
+        "subnetwork.swag": lambda: subnetwork.swag(fn, w, (X, Y), Gaussian(1.0), 1, key=key),
+        "subnetwork.diagonal_laplace": lambda: subnetwork.diagonal_laplace(fn, w, (X, Y), Gaussian(1.0), 1),
+    }
+    for who, call in calls.items():
+        with pytest.raises(ValueError, match=rf"^{who.strip()}: no examples in the data \(inputs of shape \(0, 2\)\)"):
+            call()
+    with pytest.raises(ValueError, match=r"^projected_posterior: no examples in the training inputs"):
+        pst.projected_posterior(fn, w, X, batch_size=1)
