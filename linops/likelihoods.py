@@ -300,6 +300,12 @@ class Bernoulli(_DiagonalCurvature):
     def check(self, num_outputs, targets, num_examples, who):
         if jnp.shape(targets) != (num_examples, num_outputs):
             raise _target_shape_error(who, self, (num_examples, num_outputs), targets)
+        t = targets
+        if not isinstance(t, jax.core.Tracer) and jnp.size(t) and getattr(t, "is_fully_addressable", True):
+            host = np.asarray(t, dtype=np.float64)  # read on the host: a check compiles no program
+            if not (host.min() >= 0.0 and host.max() <= 1.0):  # NaN fails too
+                raise ValueError(f"{who}: a Bernoulli likelihood needs targets in [0, 1] (labels 0 or 1, or "
+                                 f"probabilities), got range [{host.min():g}, {host.max():g}]")
 
 
 def _checked_base(base, who):

@@ -26,7 +26,7 @@ from linops.models import example_spec, unravel_of
 from linops.runtime import program
 from posteriors import _structures as S
 from posteriors import weights as W
-from posteriors._checks import check_data, check_likelihood, check_params
+from posteriors._checks import check_data, check_likelihood, check_params, check_targets
 from posteriors._prior import canonical_prior, check_sigma, noise_scale
 from posteriors._training import positive_int
 from posteriors.gaussian import GaussianPosterior
@@ -296,6 +296,7 @@ def _laplace(fn, params, data, likelihood, *, structure, subset_of_weights, prio
     if kfac_approximation not in ("expand", "reduce"):
         raise ValueError(f"{who}: kfac_approximation must be 'expand' or 'reduce', got {kfac_approximation!r}")
     check_params(params, who)
+    check_targets(fn, params, data, likelihood, who)  # in laplace's name (shapes only: nothing compiles)
     X, Y = data
     weights = W.select(subset_of_weights, params, fn=fn, x=example_spec(X), last_layer_name=last_layer, who=who)
     fit_fn, fit_params = weights.restrict(fn, params)

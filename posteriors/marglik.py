@@ -88,7 +88,7 @@ def _marginal_log_likelihood(post, alpha, sigma):
 def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik", prior_structure: str = "scalar",
                              tune_sigma: bool = False, num_steps: int = 200, learning_rate: float = 0.1,
                              validation=None, grid=None, objective: str = "nll", link: str = "probit",
-                             progress: bool = True):
+                             check=None, progress: bool = True):
     r"""Tune the prior precision (and, for a Gaussian likelihood, $\sigma$): the refitted posterior and a report.
 
     Args:
@@ -108,6 +108,11 @@ def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik",
             log-likelihood, any likelihood), ``"ece"`` (expected calibration error, 15 bins) or ``"brier"``
             (a categorical likelihood's classification predictive).
         link: the classification predictive of ``"gridsearch"`` (see `posteriors.predictive.nll`).
+        check: for ``"marglik"``, the training data ``(inputs, targets)`` (optional): the tuned predictive's
+            negative log-likelihood on its first `CHECK_EXAMPLES` examples is compared with the network's alone,
+            and a warning says when the predictive explains them far worse (more than the network's value plus
+            0.1 nats above it): the evidence is not a calibration criterion, and on a trained CNN its
+            predictive can be near-uniform. Costs one predictive on those examples.
         progress: a progress bar over Adam's steps or the grid on stderr, shown once the tuning runs
             longer than two seconds; False silences it.
 
@@ -131,6 +136,12 @@ def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik",
     who = "optimize_prior_precision"
     _check(post, who)
     label = f"{who}(method={method!r})" if progress else None
+    if check is not None:
+        if method != "marglik":
+            raise ValueError(f"{who}: check= compares an evidence-tuned predictive with the network (method="
+                             f"'marglik'); with method={method!r} the validation data already judge the predictive")
+        check = check_data(check, who, "check")
+        check_targets(post.fn, post.params, check, post.likelihood, who)
     if method == "gridsearch":
         return _gridsearch(post, validation, grid, link, who, label, objective)
     if method != "marglik":
@@ -161,6 +172,8 @@ def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik",
                          "a curvature='ggn' posterior, or use method='gridsearch' with validation data") from e
     report = {"prior_precision": alpha, "sigma": sigma if tune_sigma else getattr(post.likelihood, "sigma", None),
               "log_marginal_likelihood": trace}
+    if check is not None:
+        _warn_if_flatter_than_the_network(tuned, *check, who)
     return tuned, report
 
 

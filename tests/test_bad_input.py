@@ -11,7 +11,7 @@ import pytest
 
 import linops as lo
 import posteriors as pst
-from linops.likelihoods import Gaussian
+from linops.likelihoods import Bernoulli, Gaussian
 
 EVALUATIONS = []
 
@@ -54,6 +54,8 @@ CASES = {
                             r"laplace: likelihood must be a linops\.likelihoods\.Likelihood, got str"),
     "laplace: data": (lambda: pst.laplace(fn, W, X, Gaussian(1.0)), ValueError,
                       r"laplace: data must be an \(inputs, targets\) pair, got ArrayImpl"),
+    "laplace: Bernoulli targets": (lambda: pst.laplace(fn, W, (X, Y.at[3, 1].set(2.0)), Bernoulli()), ValueError,
+                                   r"laplace: a Bernoulli likelihood needs targets in \[0, 1\] .* got range \[0, 2\]"),
     "laplace: structure": (lambda: pst.laplace(fn, W, (X, Y), Gaussian(1.0), structure="dense"), ValueError,
                            r"laplace: unknown structure 'dense'; expected one of"),
     "laplace: prior": (lambda: pst.laplace(fn, W, (X, Y), Gaussian(1.0), prior_precision=-1.0), ValueError,
@@ -63,9 +65,9 @@ CASES = {
     "laplace: half precision": (lambda: pst.laplace(fn, {"W": W["W"].astype(jnp.bfloat16)}, (X, Y), Gaussian(1.0)),
                                 TypeError, r"laplace: params hold bfloat16 arrays; posteriors need float32"),
     "laplace: targets count": (lambda: pst.laplace(fn, W, (X, Y[:5]), Gaussian(1.0)), ValueError,
-                               r"GGNOp: inputs has 6 examples but targets has 5"),
+                               r"laplace: a Gaussian likelihood needs targets of shape \(6, 2\), got \(5, 2\)"),
     "laplace: targets width": (lambda: pst.laplace(fn, W, (X, Y[:, :1]), Gaussian(1.0)), ValueError,
-                               r"GGNOp: a Gaussian likelihood needs targets of shape \(6, 2\), got \(6, 1\)"),
+                               r"laplace: a Gaussian likelihood needs targets of shape \(6, 2\), got \(6, 1\)"),
     "laplace: batch size": (lambda: pst.laplace(fn, W, (X, Y), Gaussian(1.0), batch_size=0), ValueError,
                             r"GGNOp: batch_size must be a positive integer, got 0"),
     "projected: key": (lambda: pst.projected_posterior(fn, W, X, batch_size=2, prior_precision="optimal"),

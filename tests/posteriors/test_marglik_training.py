@@ -192,3 +192,44 @@ def test_a_predictive_far_flatter_than_the_network_on_the_training_data_is_said(
         pst.marglik_training(lambda p, x: x @ p, jnp.zeros((3, 2), jnp.float64), (Xr, Yr), Gaussian(1.0),
                              key=jax.random.key(1), num_epochs=200, batch_size=60, structure="full",
                              optimizer=optax.adam(2e-2), every=50, progress=False)
+
+
+def test_evidence_tuning_says_when_its_predictive_is_far_flatter_than_the_network_on_the_data_checked():
+    """Issue 39 item 2: `optimize_prior_precision(post, check=(X, y))` compares the evidence-tuned predictive with
+    the network on the training data and warns when it explains them far worse (it was silent: a trained CNN's
+    tuned low-rank predictive was near-uniform). Without ``check`` nothing is compared; linear regression, where
+    the predictive explains the data as the network does, passes silently; with a grid search check is refused."""
+    import warnings
+
+    X = jax.random.normal(jax.random.key(5), (64, 4))
+    y = (X[:, :1] > 0).astype(jnp.float32)
+    fn, params = _mlp(1, seed=1)
+    loss = lambda p: jnp.mean(jax.vmap(Bernoulli().nll)(jax.vmap(fn, in_axes=(None, 0))(p, X), y))  # noqa: E731
+    opt = optax.adam(3e-2)
+    state = opt.init(params)
+    for _ in range(300):  # the network fits its labels almost exactly
+        updates, state = opt.update(jax.grad(loss)(params), state)
+        params = optax.apply_updates(params, updates)
+    post = pst.laplace(fn, params, (X, y), Bernoulli(), structure="diag", prior_precision=1e-3, progress=False)
+    with pytest.warns(UserWarning, match=r"optimize_prior_precision: on the first 64 training examples the "
+                                         r"evidence-tuned predictive.*far less confident than the network"):
+        tuned, _ = pst.optimize_prior_precision(post, check=(X, y), progress=False)
+    probs = pst.predictive.classification(tuned, X)[:, 0]
+    network = jax.nn.sigmoid(jax.vmap(fn, in_axes=(None, 0))(params, X)[:, 0])
+    sharp = lambda p: float(jnp.mean(jnp.abs(p - 0.5)))  # noqa: E731
+    assert sharp(probs) < sharp(network) - 0.1  # what the warning says is true
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again, _ = pst.optimize_prior_precision(post, progress=False)  # no check: silent, and the same tuning
+        assert_close = np.testing.assert_allclose
+        assert_close(np.asarray(again.prior_precision), np.asarray(tuned.prior_precision), rtol=1e-6)
+        with jax.enable_x64(True):
+            Xr, Yr = _linear_problem()
+            lin = pst.laplace(lambda p, x: x @ p, jnp.zeros((3, 2), jnp.float64), (Xr, Yr), Gaussian(1.0),
+                              structure="full", progress=False)
+            pst.optimize_prior_precision(lin, check=(Xr, Yr), progress=False)
+    with pytest.raises(ValueError, match=r"optimize_prior_precision: check= compares an evidence-tuned predictive"):
+        pst.optimize_prior_precision(post, method="gridsearch", validation=(X, y), check=(X, y), progress=False)
+    for bad, match in ((jnp.full((64, 1), 2.0), r"needs targets in \[0, 1\]"), (y[:, 0], r"targets of shape")):
+        with pytest.raises(ValueError, match=rf"^optimize_prior_precision: .*{match}"):
+            pst.optimize_prior_precision(post, check=(X, bad), progress=False)  # refused before any tuning
