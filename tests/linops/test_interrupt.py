@@ -43,8 +43,7 @@ def long(x, label="long"):
         tick(label, i + 1, 10**9, unit="step")
         return x + 1e-9 * jnp.sin(x)
     return jax.lax.fori_loop(0, 10**9, step, x)
-long(jnp.ones(2), label=None)        # compiled (no ticks): not the run that is interrupted
-interrupt_when_running()
+interrupt_when_running()             # the signal waits for the first tick: compiled and running
 run(lambda: long(jnp.ones(3)))
 """
 
