@@ -224,7 +224,7 @@ class AlternatingProjectionOp(LinearOperator):
             history = (jax.vmap(self._history) if block else self._history)(sweeps, last)
         residual = jax.vmap(self._kernel_residual, in_axes=1) if block else self._kernel_residual
         kernel_residual, remaining = residual(x, value)
-        converged = converged & self._in_kernel(remaining, x)
+        converged = converged & _in_kernel(self.blocks, remaining, x)
         if report is not None:
             jax.debug.callback(report.done, jnp.max(sweeps), jnp.max(last), jnp.all(converged))
         return Projection(value, sweeps, converged, kernel_residual, history)
@@ -245,15 +245,6 @@ class AlternatingProjectionOp(LinearOperator):
                                            maxiter=self.max_sweeps, patience=_PATIENCE, callback=callback, axis=axis)
         b = jnp.linalg.norm(B, axis=0)
         return X - U, (steps + 2, converged, residual / jnp.where(b > 0, b, 1.0))
-
-    def _in_kernel(self, remaining, x):
-        r"""Whether $\|M \Pi x\| \le \sqrt{\epsilon}\,\|M\|_F \|x\|$ (per column of a block): a stopping rule met
-        is not yet a projection. Both methods are judged by it: a plain sweep that barely changes the vector
-        says nothing when the batches' row spaces are nearly aligned (a 6.5% kernel residual was reported
-        converged), and CG's residual is of $(I - T)$, whose small eigenvalues hide what is left in the row
-        space (float32, $\kappa(M) = 10^4$: a 0.5% kernel residual at CG's tolerance)."""
-        tol = jnp.sqrt(jnp.finfo(self.dtype).eps) * self.blocks.frobenius_norm
-        return remaining <= tol * jnp.linalg.norm(x, axis=0)
 
     def _history(self, sweeps, residual):
         return jnp.full(self.max_sweeps, jnp.nan, residual.dtype).at[jnp.maximum(sweeps - 2, 0)].set(residual)
@@ -308,7 +299,7 @@ class AlternatingProjectionOp(LinearOperator):
         solve = lambda I_minus_T, block: self._accelerated(I_minus_T, block, axis=self.axis)  # noqa: E731
         value, (sweeps, converged, residual) = _sweeps.ring(self.blocks, V, solve)
         kernel_residual, remaining = jax.vmap(self._kernel_residual, in_axes=1)(V, value)
-        converged = converged & self._in_kernel(remaining, V)
+        converged = converged & _in_kernel(self.blocks, remaining, V)
         return Projection(value, sweeps, converged, kernel_residual, jax.vmap(self._history)(sweeps, residual))
 
     def mv(self, v):
@@ -327,6 +318,16 @@ _project_jit = program(lambda A, x: A._project(x))
 _sweep_jit = program(lambda A, v: A._sweep(v))
 _ring_jit = program(lambda A, V: A._ring_project(V))
 _symmetric_sweep_jit = program(lambda A, v: A._sweep(v, symmetric=True))
+def _in_kernel(blocks, remaining, x):
+    r"""Whether $\|M \Pi x\| \le \sqrt{\epsilon}\,\|M\|_F \|x\|$ (per column of a block): a stopping rule met is
+    not yet a projection. Both methods are judged by it: a plain sweep that barely changes the vector says nothing
+    when the batches' row spaces are nearly aligned (a 6.5% kernel residual was reported converged), and CG's
+    residual is of $(I - T)$, whose small eigenvalues hide what is left in the row space (float32,
+    $\kappa(M) = 10^4$: a 0.5% kernel residual at CG's tolerance)."""
+    tol = jnp.sqrt(jnp.finfo(blocks.dtype).eps) * blocks.frobenius_norm
+    return remaining <= tol * jnp.linalg.norm(x, axis=0)
+
+
 _PATIENCE = 50  # CG steps without a new smallest residual before the projection stops
 
 
