@@ -3,7 +3,8 @@
 Each case runs in a fresh process (Python's signal handling belongs to its main thread) that sends itself SIGINT
 once a computation that would otherwise run for hours is running (its first progress update has happened: the
 program is compiled and XLA runs it, so the main thread is waiting in the runtime), and prints how it ended.
-The subprocess's timeout only guards against a hang; nothing here asserts a duration.
+The subprocess's timeout only guards against a hang (after 240 s the process prints every thread's stack and
+ends, so a hang says where it was); nothing here asserts a duration.
 """
 
 import subprocess
@@ -15,7 +16,8 @@ import pytest
 from tests._env import user_env
 
 PREAMBLE = """
-import os, signal, threading, time
+import faulthandler, os, signal, threading, time
+faulthandler.dump_traceback_later(240, exit=True)   # a hang ends by printing where every thread was
 import jax, jax.numpy as jnp
 def interrupt_when_running():
     from linops.runtime import _progress
