@@ -18,6 +18,10 @@ from tests._env import user_env
 PREAMBLE = """
 import faulthandler, os, signal, threading, time
 faulthandler.dump_traceback_later(240, exit=True)   # a hang ends by printing where every thread was
+# Python keeps SIGINT ignored if it was ignored when it started: a job a non-interactive shell put in the
+# background (`pytest &`) ignores SIGINT, and so does every process it starts. A user at a terminal has Python's
+# handler; so does this process.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import jax, jax.numpy as jnp
 def interrupt_when_running():
     from linops.runtime import _progress
