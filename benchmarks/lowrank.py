@@ -11,8 +11,8 @@ compiles; the second is what a refit costs). The prediction ``steps x (one produ
 measured fit. The fewer-steps rows say what the step count buys: the kept eigenvalues' largest relative
 difference from the default run's, and the largest residual ``||G u - theta u|| / theta`` of the kept pairs.
 
-Run:  python benchmarks/lowrank.py            # full run (about 5 minutes on 2 cores)
-      python benchmarks/lowrank.py --quick    # smoke run (the 1,277-parameter LeNet-5 on 64 12x12 images; ~40 s)
+Run:  python benchmarks/lowrank.py            # full run (about 7 minutes on 2 cores)
+      python benchmarks/lowrank.py --quick    # smoke run (the 1,277-parameter LeNet-5 on 64 12x12 images; ~30 s)
 """
 
 from __future__ import annotations
