@@ -95,9 +95,8 @@ def model_outputs(fn, params, inputs, who: str) -> tuple[int, int]:
     if not leaves or any(jnp.ndim(a) == 0 for a in leaves):
         raise ValueError(f"{who}: the inputs must be a batch (N, ...) of examples, got "
                          f"{[jnp.shape(a) for a in leaves]}")
+    check_examples(inputs, who)
     num_examples = jnp.shape(leaves[0])[0]
-    if num_examples == 0:
-        raise ValueError(f"{who}: the inputs hold no example (N = 0)")
     try:
         out = jax.eval_shape(fn, params, example_spec(inputs))
     except (TypeError, ValueError) as e:
