@@ -34,8 +34,8 @@ def check_examples(inputs, who: str, what: str = "the inputs") -> None:
     """``inputs`` hold at least one example (a leading axis of length 0 is refused in ``who``'s name)."""
     first = next((leaf for leaf in jax.tree_util.tree_leaves(inputs) if np.ndim(leaf)), None)
     if first is not None and np.shape(first)[0] == 0:
-        raise ValueError(f"{who}: no examples in {what} (inputs of shape {tuple(np.shape(first))}); a posterior "
-                         "needs at least one")
+        raise ValueError(f"{who}: no examples in {what} (inputs of shape {tuple(np.shape(first))}); at least one "
+                         "is needed")
 
 
 def check_finite(tree, who: str, what: str) -> None:
