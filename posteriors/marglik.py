@@ -109,7 +109,7 @@ def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik",
             (a categorical likelihood's classification predictive).
         link: the classification predictive of ``"gridsearch"`` (see `posteriors.predictive.nll`).
         check: for ``"marglik"``, the training data ``(inputs, targets)`` (optional): the tuned predictive's
-            negative log-likelihood on its first `CHECK_EXAMPLES` examples is compared with the network's alone,
+            negative log-likelihood on its first 256 examples (`CHECK_EXAMPLES`) is compared with the network's alone,
             and a warning says when the predictive explains them far worse (more than the network's value plus
             0.1 nats above it): the evidence is not a calibration criterion, and on a trained CNN its
             predictive can be near-uniform. Costs one predictive on those examples.
