@@ -43,10 +43,12 @@ def pytest_configure(config):
     choose (``--xla_backend_optimization_level=3 --xla_cpu_use_fusion_emitters=true`` tests as JAX compiles by
     default); the reproduction tier's commands and the notebooks run with JAX's defaults (tests/_env.py).
 
-    Every tier, and every command a test starts, also gets `tests._env.WORKAROUND_XLA_FLAGS`: XLA:CPU's YNNPACK
-    fusions of jaxlib 0.10.2 fault on worker threads on some x86-64 CPUs (three CI runs lost a worker)."""
-    distributed = "distributed" in (config.option.markexpr or "").replace("not distributed", "")
-    os.environ["XLA_FLAGS"] = session_flags(os.environ.get("XLA_FLAGS", ""), speed=not distributed)
+    The default and slow tiers, and every command their tests start, also get `tests._env.WORKAROUND_XLA_FLAGS`:
+    XLA:CPU's YNNPACK fusions of jaxlib 0.10.2 fault on worker threads on some x86-64 CPUs. Not the distributed
+    tier (see there)."""
+    if "distributed" in (config.option.markexpr or "").replace("not distributed", ""):
+        return  # JAX's defaults, kernels included (tests._env.WORKAROUND_XLA_FLAGS says why)
+    os.environ["XLA_FLAGS"] = session_flags(os.environ.get("XLA_FLAGS", ""))
 
 
 @pytest.fixture(autouse=True, scope="module")
