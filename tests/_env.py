@@ -8,7 +8,7 @@ from importlib.metadata import version
 # emitters, which take about three times as long to compile the suite's programs.
 SESSION_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 
-# A work-around, not a speed setting, so every tier and every command a test starts keeps it: jaxlib 0.10.2 (and
+# A work-around, not a speed setting, so the commands a test starts keep it (user_env): jaxlib 0.10.2 (and
 # 0.11.0) hand dot products to XLA:CPU's new YNNPACK fusions, whose kernels fault on some x86-64 CPUs (jax issues
 # 39257 and 40412; `jnp.sum(a * b, axis=3)` of two float32 arrays of shape (3, 1, 2, 2, 8, 8, 8) ends Python
 # with a segmentation fault on this project's AMD EPYC machines). The fault happens on one of XLA's worker threads,

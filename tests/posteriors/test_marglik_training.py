@@ -221,8 +221,7 @@ def test_evidence_tuning_says_when_its_predictive_is_far_flatter_than_the_networ
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         again, _ = pst.optimize_prior_precision(post, progress=False)  # no check: silent, and the same tuning
-        assert_close = np.testing.assert_allclose
-        assert_close(np.asarray(again.prior_precision), np.asarray(tuned.prior_precision), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(again.prior_precision), np.asarray(tuned.prior_precision), rtol=1e-6)
         with jax.enable_x64(True):
             Xr, Yr = _linear_problem()
             lin = pst.laplace(lambda p, x: x @ p, jnp.zeros((3, 2), jnp.float64), (Xr, Yr), Gaussian(1.0),
