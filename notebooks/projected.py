@@ -237,9 +237,10 @@ classifiers = {
     "Diagonal Laplace": tune(pst.laplace(clf_fn, clf_params, train, Categorical(), structure="diag")),
     "Full Laplace": tune(pst.laplace(clf_fn, clf_params, train, Categorical(), structure="full")),
     "Projected": pst.projected_posterior(clf_fn, clf_params, train, batch_size=32, prior_precision="optimal",
-                                         key=key, num_trace_samples=20),
+                                         key=key, num_trace_samples=20, trace_rtol=None),
     "Loss-projected": pst.loss_projected_posterior(clf_fn, clf_params, train, Categorical(), batch_size=32,
-                                                   prior_precision="optimal", key=key, num_trace_samples=20),
+                                                   prior_precision="optimal", key=key, num_trace_samples=20,
+                                                   trace_rtol=None),
 }
 
 

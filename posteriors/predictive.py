@@ -116,18 +116,15 @@ _row_values_jit = program(_row_values)
 
 
 def _sampled(post, inputs, key, num_samples, full_covariance, output_covariance):
-    r"""The linearised predictive of a posterior from linearised samples $J(x)\,\delta_s$ (JVPs): its trace
-    draws, or ``num_samples`` fresh ones from ``key``. The mean is known (zero offsets), so the second moment
-    is an unbiased estimate of $J \Sigma J^\top$."""
-    if key is not None:
-        deltas = post.sample(key, 100 if num_samples is None else num_samples) - post.mean[None, :]
-    elif getattr(post, "trace_draws", None) is not None:
-        deltas = post.trace_draws.T / jnp.sqrt(post.prior_precision)
-    else:
+    r"""The linearised predictive of a posterior from linearised samples $J(x)\,\delta_s$ (JVPs): its fit's draws,
+    topped up with fresh ones from ``key`` when ``num_samples`` asks for more (`ProjectedPosterior.draws`). The
+    mean is known (zero offsets), so the second moment is an unbiased estimate of $J \Sigma J^\top$."""
+    if post.trace_draws is None and key is None:
         raise ValueError(f"linearized: a {type(post).__name__}'s predictive is estimated from linearised samples "
                          "(its exact variance would project every Jacobian row): pass key=jax.random.key(...) "
                          "(and num_samples), build it with prior_precision='optimal' (its trace draws are "
                          "samples), or pass exact=True")
+    deltas = post.draws(num_samples, key=key)
     offsets = _jvp_offsets(post, deltas, inputs)  # (n, M, O)
     n = offsets.shape[0]
     if full_covariance:
@@ -158,8 +155,9 @@ def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False
     with many outputs, blocks of outputs) of about `ROW_BUDGET` numbers, mapped by one compiled
     program; each chunk goes through the posterior's own form (a Laplace structure's
     ``quadratic_rows``, else the covariance's product). A projected posterior (whose exact product
-    projects every row) is estimated from linearised samples by JVPs (its trace draws, or
-    ``num_samples`` fresh ones from ``key``) unless ``exact=True``.
+    projects every row) is estimated from linearised samples by JVPs unless ``exact=True``: by default the
+    fit's projected trace probes (no projection here), topped up with fresh samples from ``key`` when
+    ``num_samples`` asks for more (`ProjectedPosterior.draws`: each fresh one is projected).
 
     Args:
         post: any `GaussianPosterior` whose covariance is an operator (a low-rank one uses
@@ -170,8 +168,9 @@ def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False
         output_covariance: the ``(M, O, O)`` covariance between the outputs of each input
             instead of the variances.
         batch_size: inputs per chunk of Jacobian rows (default: chunks of about `ROW_BUDGET` numbers).
-        key: a projected posterior's key for fresh predictive samples.
-        num_samples: with ``key``, their number (default 100).
+        key: a projected posterior's key for fresh predictive samples, used only when ``num_samples`` asks for
+            more than its fit made (or it made none).
+        num_samples: a projected posterior's number of samples (default: the fit's draws; 100 without them).
         exact: a projected posterior's exact predictive (one projection per Jacobian row).
         progress: a progress bar over the chunks of test inputs on stderr (the variances of a
             Laplace-family posterior), shown once they take longer than two seconds; False silences it.
@@ -333,9 +332,11 @@ def laplace_bridge(mean, covariance):
 
 
 def classification(post: GaussianPosterior, inputs, *, link: str = "probit", key: jax.Array | None = None,
-                   num_samples: int = 100, linearized_samples: bool = True, progress: bool = True):
-    """Class probabilities ``(M, K)``: ``link`` is ``"probit"``, ``"bridge"`` or ``"mc"`` (needs ``key``).
-    ``progress``: `linearized`'s progress bar (False silences it).
+                   num_samples: int | None = None, linearized_samples: bool = True, progress: bool = True):
+    """Class probabilities ``(M, K)``: ``link`` is ``"probit"``, ``"bridge"`` or ``"mc"`` (needs ``key``;
+    ``num_samples`` of them, default 100). ``progress``: `linearized`'s progress bar (False silences it). A
+    projected posterior's probit and bridge use its fit's draws, topped up from ``key`` to ``num_samples``
+    (`linearized`).
 
     A single-output model is read as a Bernoulli logit (probabilities of class 1, ``(M, 1)``). A
     `DeepEnsemble` returns its exact predictive, the members' mean probabilities, for ``"probit"`` (the
@@ -361,7 +362,8 @@ def classification(post: GaussianPosterior, inputs, *, link: str = "probit", key
     if link == "mc":
         if key is None:
             raise ValueError("classification(link='mc'): pass key=jax.random.key(...)")
-        logits = monte_carlo(post, key, inputs, num_samples, linearized=linearized_samples)
+        logits = monte_carlo(post, key, inputs, 100 if num_samples is None else num_samples,
+                             linearized=linearized_samples)
         if logits.shape[-1] == 1:
             return jnp.mean(jax.nn.sigmoid(logits), axis=0)
         return jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0)
@@ -434,7 +436,7 @@ _COMPILED = {body: program(body) for body in (_linearized, _classification, _reg
 
 
 def nll(post: GaussianPosterior, inputs, targets, *, link: str = "probit", key: jax.Array | None = None,
-        num_samples: int = 100, progress: bool = True) -> jax.Array:
+        num_samples: int | None = None, progress: bool = True) -> jax.Array:
     """The predictive negative log-likelihood of ``(inputs, targets)``, summed: Gaussian for a
     Gaussian likelihood, else the classification probabilities (``link``).
 

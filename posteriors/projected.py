@@ -17,6 +17,7 @@ import warnings
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import linops as lo
 from linops.models import ravel
@@ -93,18 +94,79 @@ class ProjectedPosterior(GaussianPosterior):
             raise ValueError("trace_samples: there are none; they come with prior_precision='optimal'")
         return self.mean[None, :] + self.trace_draws.T / jnp.sqrt(self.prior_precision)
 
+    def draws(self, num_samples: int | None = None, *, key: jax.Array | None = None) -> jax.Array:
+        r"""Parameter offsets $\theta_s - \theta^*$ for the predictive, shape ``(n, P)``: the fit's draws first.
+
+        The projected trace probes of ``prior_precision="optimal"`` are posterior samples already (as
+        `trace_samples`); they cost nothing more. ``num_samples=None`` returns all of them; a smaller number
+        returns the first ones; a larger one adds ``num_samples - k`` fresh samples from ``key`` (one
+        projection of those together, `sample`). A posterior built with a given ``prior_precision`` has no
+        draws: it needs ``key`` and draws ``num_samples`` (default 100). The predictive
+        (`posteriors.predictive.linearized`, ``classification``) uses this with its ``key`` and ``num_samples``.
+
+        Examples:
+            >>> import jax, jax.numpy as jnp
+            >>> import posteriors as pst
+            >>> X = jnp.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+            >>> post = pst.projected_posterior(lambda w, x: (x @ w)[None], jnp.ones(3), X, batch_size=1,
+            ...                                prior_precision="optimal", key=jax.random.key(0))
+            >>> k = post.trace_draws.shape[1]
+            >>> bool(jnp.all(post.draws() == post.trace_samples() - post.mean))   # the fit's, no projection
+            True
+            >>> post.draws(k + 5, key=jax.random.key(1)).shape == (k + 5, 3)       # five fresh ones on top
+            True
+        """
+        who = f"{type(self).__name__}.draws"
+        have = 0 if self.trace_draws is None else self.trace_draws.shape[1]
+        if num_samples is None:
+            num_samples = have if have else 100
+        num_samples = positive_int(num_samples, "num_samples", who)
+        parts = []
+        if have:
+            parts.append(self.trace_draws[:, :num_samples].T / jnp.sqrt(self.prior_precision))
+        if num_samples > have:
+            if key is None:
+                made = (f"the fit made {have} (the trace probes of prior_precision='optimal')" if have else
+                        "the fit made none (they come with prior_precision='optimal')")
+                raise ValueError(f"{who}: {num_samples} samples asked for and {made}: pass key=jax.random.key(...) "
+                                 f"for the {num_samples - have} fresh ones (each projected), or ask for fewer")
+            parts.append(self.sample(key, num_samples - have) - self.mean[None, :])
+        return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+
     def ood_score(self, key: jax.Array, inputs, n: int) -> jax.Array:
         """The out-of-distribution score: the largest output variance per input, shape ``(M,)``."""
         return jnp.max(self.predictive_variance(key, inputs, n), axis=-1)
 
 
-def optimal_prior_precision(projection: lo.AlternatingProjectionOp, theta, key, num_samples: int = 100):
-    r"""$\alpha^* = (P - \operatorname{Tr}\Pi) / \|\theta^*\|^2$, with $\operatorname{Tr}\Pi$ by Hutchinson.
+TRACE_RTOL = 0.02
+"""Default target for $\\alpha^*$'s relative standard error (the rank estimate's): 2%."""
+TRACE_BLOCK = 10
+"""Default number of trace probes projected together, one block at a time, until the target is met."""
+MIN_PROBES = 10
+"""The fewest probes the adaptive rule stops at: a standard error from fewer is too noisy to stop on. (With blocks of
+2, stopping as soon as the estimated error met the target covered the truth within two stated errors in 81% of
+keys; waiting for 10 probes and asking the error's one-sigma upper bound to meet it, 94%.)"""
 
-    The probes are standard Gaussian, so the projected probes $\Pi\varepsilon_i$ are also draws
-    of $\mathcal N(0, \Pi)$: the posteriors keep them as samples (`ProjectedPosterior.trace_samples`)
-    instead of paying for new projections. Returns ``(alpha, estimate)``; ``estimate`` carries the
-    trace's standard error.
+
+def optimal_prior_precision(projection: lo.AlternatingProjectionOp, theta, key, num_samples: int = 100, *,
+                            rtol: float | None = TRACE_RTOL, block: int = TRACE_BLOCK):
+    r"""$\alpha^* = r / \|\theta^*\|^2$ with the GGN's rank $r = \operatorname{Tr}(I - \Pi)$ by Hutchinson.
+
+    The probes are standard Gaussian $\varepsilon_i$, projected ``block`` at a time (one projection per block)
+    until $\alpha^*$'s relative standard error is at most ``rtol`` (never before 10 probes), or ``num_samples``
+    probes were used (``rtol=None``: exactly ``num_samples``, in one projection). Each probe estimates $r$ by
+    $c\,\varepsilon_i^\top(\varepsilon_i - \Pi\varepsilon_i) + (1 - c)(P - \varepsilon_i^\top\Pi\varepsilon_i)$ with
+    $c = \operatorname{Tr}\Pi / P$ (estimated): both terms are unbiased, and the blend's variance
+    $2r\operatorname{Tr}\Pi / P$ is at most $2r$, where $P - \varepsilon_i^\top\Pi\varepsilon_i$ alone has
+    $2\operatorname{Tr}\Pi$. So $\alpha^*$'s relative standard error is at most about $\sqrt{2 / (r k)}$ after $k$
+    probes: a network whose GGN has rank in the thousands needs one block, a rank of 10 about 500 probes for 2%.
+    Under ``jax.jit`` the count cannot depend on values: all ``num_samples`` are used. Block ``i`` is drawn from
+    ``key`` (``i = 0``) or ``jax.random.fold_in(key, i)``.
+
+    The projected probes $\Pi\varepsilon_i$ are draws of $\mathcal N(0, \Pi)$: the posteriors keep them as
+    samples (`ProjectedPosterior.trace_samples`, and the predictive by default) instead of paying for new
+    projections. Returns ``(alpha, estimate)``; ``estimate`` is $\operatorname{Tr}\Pi = P - \hat r$ with its
+    standard error (that of $\hat r$) and the number of probes used.
 
     Examples:
         >>> import jax, jax.numpy as jnp, linops as lo
@@ -113,42 +175,85 @@ def optimal_prior_precision(projection: lo.AlternatingProjectionOp, theta, key, 
         >>> alpha, est = optimal_prior_precision(Pi, jnp.array([2.0, 0.0]), jax.random.key(0), 400)
         >>> bool(abs(est.value - 1.0) < 4 * est.standard_error)   # Tr = 1 (rank 1, ||theta||^2 = 4)
         True
+        >>> bool(est.standard_error <= 0.02 * (2 - est.value)), est.num_samples <= 400   # stopped at 2%
+        (True, True)
     """
-    alpha, estimate, _, _ = _optimal(projection, theta, key, num_samples)
+    alpha, estimate, _, _ = _optimal(projection, theta, key, num_samples, rtol, block)
     return alpha, estimate
 
 
-def _optimal(projection, theta, key, num_samples):
+def _probe_blocks(num_samples, rtol, block, who):
+    """The probe counts of the blocks, in order (the adaptive rule may stop before the last)."""
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 2:
+        raise ValueError(f"{who}: num_samples must be an int >= 2 for a standard error, got {num_samples!r}")
+    if rtol is None:
+        return [num_samples]
+    if isinstance(rtol, bool) or not isinstance(rtol, int | float) or not 0 < rtol < 1:
+        raise ValueError(f"{who}: rtol (the target relative standard error of alpha*) must be in (0, 1) or None, "
+                         f"got {rtol!r}")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 2:
+        raise ValueError(f"{who}: block (probes projected together) must be an int >= 2, got {block!r}")
+    full, rest = divmod(num_samples, block)
+    return [block] * full + ([rest] if rest else [])
+
+
+def _optimal(projection, theta, key, num_samples, rtol=TRACE_RTOL, block=TRACE_BLOCK):
     """``(alpha, estimate, draws, result)`` (``result``: the probes' `linops.Projection`, whose value is
     ``draws``); refuses a rank that is not significantly positive."""
     who = "optimal_prior_precision"
-    if num_samples < 2:
-        raise ValueError(f"{who}: num_samples must be >= 2 for a standard error, got {num_samples}")
+    sizes = _probe_blocks(num_samples, rtol, block, who)
     P = projection.shape[0]
-    eps = jax.random.normal(key, (P, num_samples), projection.dtype)
-    result = projection.project_samples(eps)
-    draws = result.value  # (P, k): also N(0, Pi) samples
-    _warn_unconverged(result, who, f"{num_samples} trace probes")
-    per_probe = jnp.sum(eps * draws, axis=0)
-    estimate = lo.Estimate(jnp.mean(per_probe), jnp.std(per_probe, ddof=1) / jnp.sqrt(num_samples), num_samples)
-    # The GGN's rank r = P - Tr(Pi), in [0, P]. When the estimate does not put it clearly above 0 (within two
-    # standard errors; e.g. more Jacobian rows than parameters, where Tr(Pi) ~ 0 is estimated as ~P), alpha*
-    # would be ~0 or negative and every sample NaN: refused.
-    rank = jnp.clip(P - estimate.value, 0.0, P)
     norm2 = jnp.sum(jnp.asarray(theta) ** 2)
-    bad = (rank <= 2 * estimate.standard_error) | ~(norm2 > 0)
-    message = (f"{who}: the estimated rank of the GGN, P - Tr(Pi), is not significantly positive (or ||theta||^2 "
-               "is 0), so alpha* = rank / ||theta||^2 is not a positive prior precision")
-    if not isinstance(bad, jax.core.Tracer):
+    traced = any(isinstance(a, jax.core.Tracer) for a in (norm2, *jax.tree_util.tree_leaves(projection)))
+    results, kept, seen = [], [], []
+    for i, size in enumerate(sizes):
+        eps = jax.random.normal(key if i == 0 else jax.random.fold_in(key, i), (P, size), projection.dtype)
+        results.append(projection.project_samples(eps))
+        kept.append(P - jnp.sum(eps * results[-1].value, axis=0))  # P - eps^T Pi eps
+        seen.append(jnp.sum(eps * (eps - results[-1].value), axis=0))  # eps^T (I - Pi) eps
+        if rtol is not None and not traced and i + 1 < len(sizes):
+            per_probe = _rank_per_probe(jnp.concatenate(kept), jnp.concatenate(seen), P)
+            k = per_probe.shape[0]
+            # the standard error is itself estimated: stopping as soon as its estimate meets the target favours
+            # estimates that happen to be low; its one-sigma upper bound (relative error 1/sqrt(2(k-1))) must
+            error = float(jnp.std(per_probe, ddof=1)) / np.sqrt(k) * (1.0 + 1.0 / np.sqrt(2.0 * (k - 1)))
+            if k >= MIN_PROBES and error <= rtol * float(jnp.mean(per_probe)):
+                break
+    result = results[0] if len(results) == 1 else lo.Projection(
+        jnp.concatenate([p.value for p in results], axis=1),
+        *(jnp.concatenate([getattr(p, f) for p in results], axis=0)
+          for f in ("sweeps", "converged", "kernel_residual", "residuals")))
+    draws = result.value  # (P, k): also N(0, Pi) samples
+    k = draws.shape[1]
+    _warn_unconverged(result, who, f"{k} trace probes")
+    per_probe = _rank_per_probe(jnp.concatenate(kept), jnp.concatenate(seen), P)
+    rank, error = jnp.mean(per_probe), jnp.std(per_probe, ddof=1) / jnp.sqrt(k)
+    estimate = lo.Estimate(P - rank, error, k)
+    # The GGN's rank r = Tr(I - Pi), in [0, P]. When the estimate does not put it clearly above 0 (within two
+    # standard errors), alpha* would be ~0 or negative and every sample NaN: refused.
+    rank = jnp.clip(rank, 0.0, P)
+    bad = (rank <= 2 * error) | ~(norm2 > 0)
+    message = (f"{who}: the estimated rank of the GGN, Tr(I - Pi) = P - Tr(Pi), is not significantly positive (or "
+               "||theta||^2 is 0), so alpha* = rank / ||theta||^2 is not a positive prior precision")
+    if not traced:
         if bool(bad):
             raise ValueError(f"{message}: P = {P}, Tr(Pi) = {float(estimate.value):.1f} +- "
-                             f"{float(estimate.standard_error):.1f} ({num_samples} probes), ||theta||^2 = "
-                             f"{float(norm2):.3g}. The kernel of J is (nearly) the whole space's complement of "
-                             "nothing: use more trace probes, fewer examples or the loss-projected posterior, or "
-                             "pass a positive prior_precision")
+                             f"{float(estimate.standard_error):.1f} ({k} probes), ||theta||^2 = "
+                             f"{float(norm2):.3g}. The training Jacobian sees (almost) no direction: check the "
+                             "model and the data, or pass a positive prior_precision")
     else:
         rank = eqx.error_if(rank, bad, message)
     return rank / norm2, estimate, draws, result
+
+
+def _rank_per_probe(kept, seen, P):
+    r"""Per-probe estimates of the rank $r = \operatorname{Tr}(I - \Pi)$: $c\,\varepsilon^\top(I - \Pi)\varepsilon +
+    (1 - c)(P - \varepsilon^\top\Pi\varepsilon)$. Both terms are unbiased, with variances $2r$ and
+    $2\operatorname{Tr}\Pi$ (they differ by the control variate $\|\varepsilon\|^2 - P$); the weight
+    $c = \operatorname{Tr}\Pi / P$, estimated, minimises the variance, to $2 r \operatorname{Tr}\Pi / P$: about
+    $2r$ for an over-parameterised network (a GGN of rank $r \ll P$), about 0 when the kernel is trivial."""
+    c = jnp.clip(1.0 - jnp.mean(kept) / P, 0.0, 1.0)
+    return c * seen + (1.0 - c) * kept
 
 
 def _warn_unconverged(result, who, what):
@@ -180,10 +285,10 @@ def _check_prior(prior_precision, key, who):
             raise ValueError(f"{who}: prior_precision must be finite, got inf (a point mass at the MAP)")
 
 
-def _build(fn, params, projection, prior_precision, key, num_trace_samples):
+def _build(fn, params, projection, prior_precision, key, num_trace_samples, trace_rtol, trace_block):
     flat, unravel = ravel(params)
     if isinstance(prior_precision, str):
-        alpha, estimate, draws, result = _optimal(projection, flat, key, num_trace_samples)
+        alpha, estimate, draws, result = _optimal(projection, flat, key, num_trace_samples, trace_rtol, trace_block)
         record = dict(projection_converged=jnp.all(result.converged), projection_sweeps=jnp.max(result.sweeps),
                       projection_residual=jnp.max(result.kernel_residual))
     else:
@@ -193,7 +298,8 @@ def _build(fn, params, projection, prior_precision, key, num_trace_samples):
 
 
 def projected_posterior(fn, params, data, *, batch_size: int, prior_precision=1.0, key=None,
-                        num_trace_samples: int = 100, **projection_options) -> ProjectedPosterior:
+                        num_trace_samples: int = 100, trace_rtol: float | None = TRACE_RTOL,
+                        trace_block: int = TRACE_BLOCK, **projection_options) -> ProjectedPosterior:
     r"""The projected posterior $\mathcal N(\theta^*, \alpha^{-1}\Pi_{\ker J})$.
 
     Args:
@@ -201,7 +307,12 @@ def projected_posterior(fn, params, data, *, batch_size: int, prior_precision=1.
         data: the training inputs, or an ``(inputs, targets)`` pair (targets are not needed).
         batch_size: examples per projection batch ``S``.
         prior_precision: a positive number, or ``"optimal"`` ($r/\|\theta^*\|^2$, needs ``key``).
-        num_trace_samples: Hutchinson samples for $\operatorname{Tr}\Pi$.
+        num_trace_samples: the most Hutchinson probes for $\alpha^*$ (``trace_rtol=None``: exactly this many).
+        trace_rtol: ``"optimal"``'s target relative standard error of $\alpha^*$ (default 2%): probes are
+            projected ``trace_block`` at a time until it is met (`optimal_prior_precision`). A network whose GGN
+            has rank $r$ in the thousands needs one block; the error is about $\sqrt{2/(r k)}$ after $k$ probes.
+        trace_block: probes projected together per block (default 10). The projected probes are posterior
+            samples: the predictive uses them by default (`ProjectedPosterior.draws`).
         projection_options: ``method``, ``max_sweeps``, ``rtol``, ``cutoff``, ``store_linearization``,
             ``progress`` (here True by default: a bar per projection that runs longer than two seconds;
             False silences it), and ``mesh``, ``axis``, ``split_sweeps`` (the batches' factors built and
@@ -225,11 +336,12 @@ def projected_posterior(fn, params, data, *, batch_size: int, prior_precision=1.
     projection_options.setdefault("progress", True)
     projection = lo.AlternatingProjectionOp.from_jacobian(fn, params, inputs, batch_size=batch_size,
                                                           **projection_options)
-    return _build(fn, params, projection, prior_precision, key, num_trace_samples)
+    return _build(fn, params, projection, prior_precision, key, num_trace_samples, trace_rtol, trace_block)
 
 
 def loss_projected_posterior(fn, params, data, likelihood, *, batch_size: int, prior_precision=1.0, key=None,
-                             num_trace_samples: int = 100, **projection_options) -> ProjectedPosterior:
+                             num_trace_samples: int = 100, trace_rtol: float | None = TRACE_RTOL,
+                        trace_block: int = TRACE_BLOCK, **projection_options) -> ProjectedPosterior:
     r"""The loss-projected posterior $\mathcal N(\theta^*, \alpha^{-1}\Pi_{\ker J_L})$ (section 4.1).
 
     One row per example whatever the number of outputs; $\ker J \subseteq \ker J_L$ (lemma 4.2).
@@ -253,7 +365,7 @@ def loss_projected_posterior(fn, params, data, likelihood, *, batch_size: int, p
     projection_options.setdefault("progress", True)
     projection = lo.AlternatingProjectionOp.from_loss_jacobian(fn, params, inputs, targets, likelihood,
                                                                batch_size=batch_size, **projection_options)
-    return _build(fn, params, projection, prior_precision, key, num_trace_samples)
+    return _build(fn, params, projection, prior_precision, key, num_trace_samples, trace_rtol, trace_block)
 
 
 __all__ = ["ProjectedPosterior", "loss_projected_posterior", "optimal_prior_precision", "projected_posterior"]

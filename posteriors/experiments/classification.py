@@ -175,9 +175,11 @@ def fit(method: str, fn, params, train, cfg: Config, log: Log, init=None):
                                               progress=bars)
         return tune(pst.subnetwork_laplace(fn, params, train, lik, sub, prior, progress=bars))
     if method in ("projected", "loss_projected"):
-        # the trace probes' projections are N(0, Pi) draws: they are the predictive's samples too (`draw`)
+        # the trace probes' projections are N(0, Pi) draws: they are the predictive's samples too (`draw`), so all
+        # num_samples of them are projected (trace_rtol=None), not only as many as alpha* needs
         options = dict(batch_size=cfg.projection_batch, prior_precision="optimal", key=key,
-                       num_trace_samples=cfg.num_samples, max_sweeps=cfg.projection_sweeps, progress=bars)
+                       num_trace_samples=cfg.num_samples, trace_rtol=None, max_sweeps=cfg.projection_sweeps,
+                       progress=bars)
         if method == "projected":
             return pst.projected_posterior(fn, params, train, **options)
         return pst.loss_projected_posterior(fn, params, train, lik, **options)

@@ -57,10 +57,17 @@ def test_a_projected_posteriors_predictive_comes_from_its_linearised_samples():
     assert_close(var, np.mean(offsets**2, axis=1).reshape(6, 3), rtol=1e-9)  # the trace draws, no projection
     cov = predictive.linearized(post, Xt, full_covariance=True)[1]
     assert_close(cov, offsets @ offsets.T / 16, rtol=1e-9)
-    # fresh draws: the same estimator on the posterior's own samples of that key
-    deltas = np.asarray(post.sample(jax.random.key(6), 5) - post.mean[None, :])
-    fresh = predictive.linearized(post, Xt, key=jax.random.key(6), num_samples=5)[1]
-    assert_close(fresh, np.mean((J @ deltas.T) ** 2, axis=1).reshape(6, 3), rtol=1e-8)
+    # fewer: the first of the fit's draws, still no projection (the key is not used)
+    first = predictive.linearized(post, Xt, key=jax.random.key(6), num_samples=5)[1]
+    assert_close(first, np.mean(offsets[:, :5] ** 2, axis=1).reshape(6, 3), rtol=1e-9)
+    # more: the fit's 16 topped up with 4 fresh ones, the posterior's own samples of that key
+    deltas = np.asarray(post.sample(jax.random.key(6), 4) - post.mean[None, :])
+    more = np.concatenate([offsets, J @ deltas.T], axis=1)
+    topped = predictive.linearized(post, Xt, key=jax.random.key(6), num_samples=20)[1]
+    assert_close(topped, np.mean(more**2, axis=1).reshape(6, 3), rtol=1e-8)
+    with pytest.raises(ValueError, match=r"ProjectedPosterior.draws: 20 samples asked for and the fit made 16 .* "
+                                         r"pass key=.* for the 4 fresh ones"):
+        predictive.linearized(post, Xt, num_samples=20)
     exact = predictive.linearized(post, Xt, exact=True)[1]
     reference = np.einsum("rp,pr->r", J, np.asarray(post.covariance.mm(jnp.asarray(J.T)))).reshape(6, 3)
     assert_close(exact, reference, rtol=1e-8)
