@@ -111,7 +111,7 @@ class ProjectedPosterior(GaussianPosterior):
             >>> post = pst.projected_posterior(lambda w, x: (x @ w)[None], jnp.ones(3), X, batch_size=1,
             ...                                prior_precision="optimal", key=jax.random.key(0))
             >>> k = post.trace_draws.shape[1]
-            >>> bool(jnp.all(post.draws() == post.trace_samples() - post.mean))   # the fit's, no projection
+            >>> bool(jnp.allclose(post.draws(), post.trace_samples() - post.mean, atol=1e-6))   # the fit's
             True
             >>> post.draws(k + 5, key=jax.random.key(1)).shape == (k + 5, 3)       # five fresh ones on top
             True
@@ -171,12 +171,12 @@ def optimal_prior_precision(projection: lo.AlternatingProjectionOp, theta, key, 
     Examples:
         >>> import jax, jax.numpy as jnp, linops as lo
         >>> from posteriors.projected import optimal_prior_precision
-        >>> Pi = lo.AlternatingProjectionOp.from_matrix(jnp.array([[1.0, 0.0]]), batch_size=1)
-        >>> alpha, est = optimal_prior_precision(Pi, jnp.array([2.0, 0.0]), jax.random.key(0), 400)
-        >>> bool(abs(est.value - 1.0) < 4 * est.standard_error)   # Tr = 1 (rank 1, ||theta||^2 = 4)
-        True
-        >>> bool(est.standard_error <= 0.02 * (2 - est.value)), est.num_samples <= 400   # stopped at 2%
+        >>> Pi = lo.AlternatingProjectionOp.from_matrix(jnp.eye(100)[:40], batch_size=10)   # rank 40 of 100
+        >>> alpha, est = optimal_prior_precision(Pi, jnp.ones(100), jax.random.key(0), 400)
+        >>> bool(abs(est.value - 60) < 4 * est.standard_error), est.num_samples < 400   # stopped early...
         (True, True)
+        >>> bool(est.standard_error <= 0.02 * (100 - est.value))   # ...with alpha* = rank / 100 known to 2%
+        True
     """
     alpha, estimate, _, _ = _optimal(projection, theta, key, num_samples, rtol, block)
     return alpha, estimate
@@ -212,12 +212,13 @@ def _optimal(projection, theta, key, num_samples, rtol=TRACE_RTOL, block=TRACE_B
         kept.append(P - jnp.sum(eps * results[-1].value, axis=0))  # P - eps^T Pi eps
         seen.append(jnp.sum(eps * (eps - results[-1].value), axis=0))  # eps^T (I - Pi) eps
         if rtol is not None and not traced and i + 1 < len(sizes):
-            per_probe = _rank_per_probe(jnp.concatenate(kept), jnp.concatenate(seen), P)
+            per_probe = _rank_per_probe(*(np.concatenate([np.asarray(a, np.float64) for a in v]) for v in (kept, seen)),
+                                        P)
             k = per_probe.shape[0]
             # the standard error is itself estimated: stopping as soon as its estimate meets the target favours
             # estimates that happen to be low; its one-sigma upper bound (relative error 1/sqrt(2(k-1))) must
-            error = float(jnp.std(per_probe, ddof=1)) / np.sqrt(k) * (1.0 + 1.0 / np.sqrt(2.0 * (k - 1)))
-            if k >= MIN_PROBES and error <= rtol * float(jnp.mean(per_probe)):
+            error = per_probe.std(ddof=1) / np.sqrt(k) * (1.0 + 1.0 / np.sqrt(2.0 * (k - 1)))
+            if k >= MIN_PROBES and error <= rtol * per_probe.mean():
                 break
     result = results[0] if len(results) == 1 else lo.Projection(
         jnp.concatenate([p.value for p in results], axis=1),
@@ -226,24 +227,27 @@ def _optimal(projection, theta, key, num_samples, rtol=TRACE_RTOL, block=TRACE_B
     draws = result.value  # (P, k): also N(0, Pi) samples
     k = draws.shape[1]
     _warn_unconverged(result, who, f"{k} trace probes")
-    per_probe = _rank_per_probe(jnp.concatenate(kept), jnp.concatenate(seen), P)
-    rank, error = jnp.mean(per_probe), jnp.std(per_probe, ddof=1) / jnp.sqrt(k)
-    estimate = lo.Estimate(P - rank, error, k)
-    # The GGN's rank r = Tr(I - Pi), in [0, P]. When the estimate does not put it clearly above 0 (within two
-    # standard errors), alpha* would be ~0 or negative and every sample NaN: refused.
-    rank = jnp.clip(rank, 0.0, P)
-    bad = (rank <= 2 * error) | ~(norm2 > 0)
     message = (f"{who}: the estimated rank of the GGN, Tr(I - Pi) = P - Tr(Pi), is not significantly positive (or "
                "||theta||^2 is 0), so alpha* = rank / ||theta||^2 is not a positive prior precision")
-    if not traced:
-        if bool(bad):
-            raise ValueError(f"{message}: P = {P}, Tr(Pi) = {float(estimate.value):.1f} +- "
-                             f"{float(estimate.standard_error):.1f} ({k} probes), ||theta||^2 = "
-                             f"{float(norm2):.3g}. The training Jacobian sees (almost) no direction: check the "
-                             "model and the data, or pass a positive prior_precision")
-    else:
-        rank = eqx.error_if(rank, bad, message)
-    return rank / norm2, estimate, draws, result
+    # The GGN's rank r = Tr(I - Pi), in [0, P]. When the estimate does not put it clearly above 0 (within two
+    # standard errors), alpha* would be ~0 or negative and every sample NaN: refused.
+    if traced:
+        per_probe = _rank_per_probe(jnp.concatenate(kept), jnp.concatenate(seen), P)
+        rank, error = jnp.mean(per_probe), jnp.std(per_probe, ddof=1) / jnp.sqrt(k)
+        estimate = lo.Estimate(P - rank, error, k)
+        rank = eqx.error_if(jnp.clip(rank, 0.0, P), (rank <= 2 * error) | ~(norm2 > 0), message)
+        return rank / norm2, estimate, draws, result
+    # eagerly, in float64 numpy: a few numbers, no program to compile for each probe count
+    per_probe = _rank_per_probe(*(np.concatenate([np.asarray(a, np.float64) for a in v]) for v in (kept, seen)), P)
+    rank, error, norm2 = float(per_probe.mean()), float(per_probe.std(ddof=1) / np.sqrt(k)), float(norm2)
+    dtype = projection.dtype
+    estimate = lo.Estimate(jnp.asarray(P - rank, dtype), jnp.asarray(error, dtype), k)
+    rank = min(max(rank, 0.0), P)
+    if rank <= 2 * error or not norm2 > 0:
+        raise ValueError(f"{message}: P = {P}, Tr(Pi) = {P - rank:.1f} +- {error:.1f} ({k} probes), ||theta||^2 = "
+                         f"{norm2:.3g}. The training Jacobian sees (almost) no direction: check the model and the "
+                         "data, or pass a positive prior_precision")
+    return jnp.asarray(rank / norm2, dtype), estimate, draws, result
 
 
 def _rank_per_probe(kept, seen, P):
@@ -252,7 +256,8 @@ def _rank_per_probe(kept, seen, P):
     $2\operatorname{Tr}\Pi$ (they differ by the control variate $\|\varepsilon\|^2 - P$); the weight
     $c = \operatorname{Tr}\Pi / P$, estimated, minimises the variance, to $2 r \operatorname{Tr}\Pi / P$: about
     $2r$ for an over-parameterised network (a GGN of rank $r \ll P$), about 0 when the kernel is trivial."""
-    c = jnp.clip(1.0 - jnp.mean(kept) / P, 0.0, 1.0)
+    xp = np if isinstance(kept, np.ndarray) else jnp
+    c = xp.clip(1.0 - xp.mean(kept) / P, 0.0, 1.0)
     return c * seen + (1.0 - c) * kept
 
 
