@@ -182,17 +182,18 @@ def optimal_prior_precision(projection: lo.AlternatingProjectionOp, theta, key, 
     return alpha, estimate
 
 
-def _probe_blocks(num_samples, rtol, block, who):
-    """The probe counts of the blocks, in order (the adaptive rule may stop before the last)."""
+def _probe_blocks(num_samples, rtol, block, who, names=("num_samples", "rtol", "block")):
+    """The probe counts of the blocks, in order (the adaptive rule may stop before the last); ``names``: the
+    caller's names of the three arguments, for its errors."""
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 2:
-        raise ValueError(f"{who}: num_samples must be an int >= 2 for a standard error, got {num_samples!r}")
+        raise ValueError(f"{who}: {names[0]} must be an int >= 2 for a standard error, got {num_samples!r}")
     if rtol is None:
         return [num_samples]
     if isinstance(rtol, bool) or not isinstance(rtol, int | float) or not 0 < rtol < 1:
-        raise ValueError(f"{who}: rtol (the target relative standard error of alpha*) must be in (0, 1) or None, "
-                         f"got {rtol!r}")
+        raise ValueError(f"{who}: {names[1]} (the target relative standard error of alpha*) must be in (0, 1) or "
+                         f"None, got {rtol!r}")
     if isinstance(block, bool) or not isinstance(block, int) or block < 2:
-        raise ValueError(f"{who}: block (probes projected together) must be an int >= 2, got {block!r}")
+        raise ValueError(f"{who}: {names[2]} (probes projected together) must be an int >= 2, got {block!r}")
     full, rest = divmod(num_samples, block)
     return [block] * full + ([rest] if rest else [])
 
@@ -272,13 +273,14 @@ def _warn_unconverged(result, who, what):
                   "loosen rtol, or use fewer examples or the loss-projected posterior", stacklevel=3)
 
 
-def _check_prior(prior_precision, key, who):
+def _check_prior(prior_precision, key, who, trace_options):
     if isinstance(prior_precision, str):
         if prior_precision != "optimal":
             raise ValueError(f"{who}: prior_precision must be a positive number or 'optimal', got {prior_precision!r}")
         if key is None:
             raise ValueError(f"{who}: prior_precision='optimal' estimates Tr(Pi) by Hutchinson: "
                              "pass key=jax.random.key(...)")
+        _probe_blocks(*trace_options, who, ("num_trace_samples", "trace_rtol", "trace_block"))
     else:
         alpha = jnp.asarray(prior_precision)
         if alpha.ndim:
@@ -334,7 +336,7 @@ def projected_posterior(fn, params, data, *, batch_size: int, prior_precision=1.
         True
     """
     check_params(params, "projected_posterior")
-    _check_prior(prior_precision, key, "projected_posterior")
+    _check_prior(prior_precision, key, "projected_posterior", (num_trace_samples, trace_rtol, trace_block))
     inputs = data[0] if isinstance(data, tuple) else data
     check_examples(inputs, "projected_posterior", "the training inputs")
     check_finite(inputs, "projected_posterior", "the inputs")
@@ -365,7 +367,7 @@ def loss_projected_posterior(fn, params, data, likelihood, *, batch_size: int, p
     check_data(data, "loss_projected_posterior")
     check_likelihood(likelihood, "loss_projected_posterior")
     check_params(params, "loss_projected_posterior")
-    _check_prior(prior_precision, key, "loss_projected_posterior")
+    _check_prior(prior_precision, key, "loss_projected_posterior", (num_trace_samples, trace_rtol, trace_block))
     inputs, targets = data
     projection_options.setdefault("progress", True)
     projection = lo.AlternatingProjectionOp.from_loss_jacobian(fn, params, inputs, targets, likelihood,

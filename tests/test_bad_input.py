@@ -72,6 +72,18 @@ CASES = {
                             r"GGNOp: batch_size must be a positive integer, got 0"),
     "projected: key": (lambda: pst.projected_posterior(fn, W, X, batch_size=2, prior_precision="optimal"),
                        ValueError, r"projected_posterior: prior_precision='optimal' .* pass key="),
+    "projected: trace rtol": (lambda: pst.projected_posterior(fn, W, X, batch_size=2, prior_precision="optimal",
+                                                             key=jax.random.key(0), trace_rtol=2.0), ValueError,
+                              r"projected_posterior: trace_rtol \(the target relative standard error of alpha\*\) "
+                              r"must be in \(0, 1\) or None, got 2\.0"),
+    "projected: trace block": (lambda: pst.loss_projected_posterior(fn, W, (X, Y), Gaussian(1.0), batch_size=2,
+                                                                    prior_precision="optimal", key=jax.random.key(0),
+                                                                    trace_block=1), ValueError,
+                               r"loss_projected_posterior: trace_block \(probes projected together\) must be an "
+                               r"int >= 2, got 1"),
+    "projected: probes": (lambda: pst.projected_posterior(fn, W, X, batch_size=2, prior_precision="optimal",
+                                                          key=jax.random.key(0), num_trace_samples=1), ValueError,
+                          r"projected_posterior: num_trace_samples must be an int >= 2 for a standard error, got 1"),
     "projected: prior": (lambda: pst.projected_posterior(fn, W, X, batch_size=2, prior_precision=0.0), ValueError,
                          r"projected_posterior: prior_precision must be positive, got 0\.0"),
     "projected: method": (lambda: pst.projected_posterior(fn, W, X, batch_size=2, method="fast"), ValueError,
