@@ -34,10 +34,11 @@ class ProjectedPosterior(GaussianPosterior):
         params: the MAP params pytree $\theta^*$.
         projection: the projector $\Pi$ (an `AlternatingProjectionOp`).
         prior_precision: $\alpha$.
-        trace_estimate: $\operatorname{Tr}\Pi$ with its standard error when $\alpha$ was chosen
-            by ``"optimal"``, else None.
+        trace_estimate: $\operatorname{Tr}\Pi$ with its standard error and its number of probes ``k`` when
+            $\alpha$ was chosen by ``"optimal"`` (as many as $\alpha^*$'s target error needed), else None.
         trace_draws: the projected Gaussian probes $\Pi\varepsilon_i$ of that estimate, shape
-            ``(P, k)`` (None without ``"optimal"``); `trace_samples` turns them into samples.
+            ``(P, k)`` (None without ``"optimal"``); `trace_samples` turns them into samples, and the
+            predictive uses them (`draws`).
         projection_converged: whether every probe's projection converged (None without
             ``"optimal"``).
         projection_sweeps: the most sweeps a probe's projection ran (None without ``"optimal"``).
@@ -213,8 +214,7 @@ def _optimal(projection, theta, key, num_samples, rtol=TRACE_RTOL, block=TRACE_B
         kept.append(P - jnp.sum(eps * results[-1].value, axis=0))  # P - eps^T Pi eps
         seen.append(jnp.sum(eps * (eps - results[-1].value), axis=0))  # eps^T (I - Pi) eps
         if rtol is not None and not traced and i + 1 < len(sizes):
-            per_probe = _rank_per_probe(*(np.concatenate([np.asarray(a, np.float64) for a in v]) for v in (kept, seen)),
-                                        P)
+            per_probe = _rank_per_probe(*_on_host(kept, seen), P)
             k = per_probe.shape[0]
             # the standard error is itself estimated: stopping as soon as its estimate meets the target favours
             # estimates that happen to be low; its one-sigma upper bound (relative error 1/sqrt(2(k-1))) must
@@ -239,7 +239,7 @@ def _optimal(projection, theta, key, num_samples, rtol=TRACE_RTOL, block=TRACE_B
         rank = eqx.error_if(jnp.clip(rank, 0.0, P), (rank <= 2 * error) | ~(norm2 > 0), message)
         return rank / norm2, estimate, draws, result
     # eagerly, in float64 numpy: a few numbers, no program to compile for each probe count
-    per_probe = _rank_per_probe(*(np.concatenate([np.asarray(a, np.float64) for a in v]) for v in (kept, seen)), P)
+    per_probe = _rank_per_probe(*_on_host(kept, seen), P)
     rank, error, norm2 = float(per_probe.mean()), float(per_probe.std(ddof=1) / np.sqrt(k)), float(norm2)
     dtype = projection.dtype
     estimate = lo.Estimate(jnp.asarray(P - rank, dtype), jnp.asarray(error, dtype), k)
@@ -249,6 +249,11 @@ def _optimal(projection, theta, key, num_samples, rtol=TRACE_RTOL, block=TRACE_B
                          f"{norm2:.3g}. The training Jacobian sees (almost) no direction: check the model and the "
                          "data, or pass a positive prior_precision")
     return jnp.asarray(rank / norm2, dtype), estimate, draws, result
+
+
+def _on_host(*blocks):
+    """Each list of per-block arrays as one float64 numpy array."""
+    return [np.concatenate([np.asarray(a, np.float64) for a in b]) for b in blocks]
 
 
 def _rank_per_probe(kept, seen, P):
@@ -348,7 +353,7 @@ def projected_posterior(fn, params, data, *, batch_size: int, prior_precision=1.
 
 def loss_projected_posterior(fn, params, data, likelihood, *, batch_size: int, prior_precision=1.0, key=None,
                              num_trace_samples: int = 100, trace_rtol: float | None = TRACE_RTOL,
-                        trace_block: int = TRACE_BLOCK, **projection_options) -> ProjectedPosterior:
+                             trace_block: int = TRACE_BLOCK, **projection_options) -> ProjectedPosterior:
     r"""The loss-projected posterior $\mathcal N(\theta^*, \alpha^{-1}\Pi_{\ker J_L})$ (section 4.1).
 
     One row per example whatever the number of outputs; $\ker J \subseteq \ker J_L$ (lemma 4.2).
