@@ -9,11 +9,14 @@ written by hand as references; (c) the stored factors' memory against the Jacobi
 (N = 256, S = 8): (b') sweeps to a kernel residual of 1e-6 (float64) / 1e-4 (float32), ``method="cg"`` vs
 ``"plain"``; (d) ``A @ eps`` for eps (P, k), k in {1, 8, 32}. (e) LeNet-5 on 320 MNIST digits: a symmetric
 sweep of 30 vectors on each batch's stored rows, linearisation, or recomputed forward pass. Agreement checks
-come before timing. See
+come before timing. (f), alone with ``--cnn``: the projected posterior of a 124,814-parameter CNN on 1,000 MNIST
+digits as a user calls it (fit with the optimal prior, then the predictive on 1,000 test digits), against the
+behaviour before issue 38, estimated from its parts; writes ``projected_cnn.{json,md}``. See
 ``benchmarks/README.md``.
 
 Run:  python benchmarks/projected.py            # full run (about 3-4 minutes on 2 cores)
       python benchmarks/projected.py --quick    # smoke run (seconds; small models)
+      python benchmarks/projected.py --cnn      # (f) only (about 20 minutes)
 """
 
 from __future__ import annotations
