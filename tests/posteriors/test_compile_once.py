@@ -193,6 +193,31 @@ def test_a_projected_posterior_refit_compiles_nothing_and_projects_onto_the_new_
     assert np.linalg.norm(J @ d1) > 1e-2 * np.linalg.norm(J) * np.linalg.norm(d1)  # the old kernel is not it
 
 
+def test_a_projected_posterior_with_the_optimal_prior_and_its_predictive_refit_compile_nothing():
+    """The trace probes' blocks, the rank's statistics (on the host) and the predictive on the fit's draws: a refit
+    on new weights and data of the same shapes, with as many probes, compiles nothing and gives a new alpha*. (On
+    stored rows, as the test above: a stored linearisation's recipe is a static traced object, new at every fit, so
+    the projection and the predictive compile again; issue 32.)"""
+    fn = _mlp_problem(0)[0]
+
+    def fit(i):
+        _, params, X, _ = _mlp_problem(i)
+        post = pst.projected_posterior(fn, params, X[:6], batch_size=3, prior_precision="optimal",
+                                       key=jax.random.key(i), num_trace_samples=20, trace_rtol=None,
+                                       trace_block=10, progress=False, store_linearization="rows")
+        return post, pst.predictive.classification(post, X[6:9], progress=False)
+
+    first, p_first = fit(0)
+    jax.block_until_ready(p_first)
+    with compiles() as events:
+        second, p_second = fit(1)
+        jax.block_until_ready(p_second)
+    assert events == [], f"{len(events)} compilations on a refit"
+    assert second.trace_estimate.num_samples == first.trace_estimate.num_samples == 20
+    assert float(second.prior_precision) != float(first.prior_precision)
+    assert not np.allclose(p_first, p_second)
+
+
 class _CNN(eqx.Module):
     """Two 3x3 convolutions, a max-pool and two dense layers: the CNN the compile goals are stated on."""
 
