@@ -217,7 +217,8 @@ def _optimal(projection, theta, key, num_samples, rtol=TRACE_RTOL, block=TRACE_B
             per_probe = _rank_per_probe(*_on_host(kept, seen), P)
             k = per_probe.shape[0]
             # the standard error is itself estimated: stopping as soon as its estimate meets the target favours
-            # estimates that happen to be low; its one-sigma upper bound (relative error 1/sqrt(2(k-1))) must
+            # estimates that happen to be low, so its one-sigma upper bound (relative error 1/sqrt(2(k-1))) must
+            # meet the target
             error = per_probe.std(ddof=1) / np.sqrt(k) * (1.0 + 1.0 / np.sqrt(2.0 * (k - 1)))
             if k >= MIN_PROBES and error <= rtol * per_probe.mean():
                 break
