@@ -327,9 +327,10 @@ def projected_posterior(fn, params, data, *, batch_size: int, prior_precision=1.
         trace_block: probes projected together per block (default 10). The projected probes are posterior
             samples: the predictive uses them by default (`ProjectedPosterior.draws`).
         projection_options: ``method``, ``max_sweeps``, ``rtol``, ``cutoff``, ``store_linearization``,
-            ``progress`` (here True by default: a bar per projection that runs longer than two seconds;
-            False silences it), and ``mesh``, ``axis``, ``split_sweeps`` (the batches' factors built and
-            kept on the devices of a mesh) of `AlternatingProjectionOp`.
+            ``row_dtype`` (with ``store_linearization="rows"``: the rows kept in float16, half their memory),
+            ``progress`` (here True by default: a bar per projection that runs longer than two seconds; False
+            silences it), and ``mesh``, ``axis``, ``split_sweeps`` (the batches' factors built and kept on the
+            devices of a mesh) of `AlternatingProjectionOp`.
 
     Examples:
         >>> import jax, jax.numpy as jnp

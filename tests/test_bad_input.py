@@ -158,6 +158,24 @@ CASES = {
     "AlternatingProjectionOp: cutoff type": (
         lambda: lo.AlternatingProjectionOp.from_matrix(jnp.ones((2, 3)), batch_size=1, cutoff="tight"), TypeError,
         r"AlternatingProjectionOp: cutoff must be a number or None, got str 'tight'"),
+    "AlternatingProjectionOp: row_dtype without rows": (
+        lambda: lo.AlternatingProjectionOp.from_jacobian(fn, W, X, batch_size=2, row_dtype="float16"), ValueError,
+        r"AlternatingProjectionOp: row_dtype=float16 keeps the stored rows in that dtype: pass "
+        r"store_linearization='rows' with it \(got store_linearization=None\)"),
+    "AlternatingProjectionOp: row_dtype wider": (
+        lambda: lo.AlternatingProjectionOp.from_jacobian(fn, {"W": jnp.zeros((2, 4), jnp.float32)}, X, batch_size=2,
+                                                         store_linearization="rows", row_dtype="float64"),
+        ValueError, r"AlternatingProjectionOp: row_dtype must be a floating dtype no wider than the parameters' "
+                    r"\(float32\), got float64"),
+    "AlternatingProjectionOp: row_dtype not a float": (
+        lambda: lo.AlternatingProjectionOp.from_jacobian(fn, W, X, batch_size=2, store_linearization="rows",
+                                                         row_dtype="int8"), ValueError,
+        r"AlternatingProjectionOp: row_dtype must be a floating dtype no wider than the parameters' \(float64\), "
+        r"got int8"),
+    "AlternatingProjectionOp: row_dtype not a dtype": (
+        lambda: lo.AlternatingProjectionOp.from_jacobian(fn, W, X, batch_size=2, store_linearization="rows",
+                                                         row_dtype="half precision"), TypeError,
+        r"AlternatingProjectionOp: row_dtype must be a floating dtype such as 'float16', got 'half precision'"),
     "hutchinson: samples": (
         lambda: lo.trace(lo.Dense(jnp.eye(3)), method="hutchinson", num_samples=1, key=jax.random.key(0)),
         ValueError, r"hutchinson: num_samples must be >= 2"),

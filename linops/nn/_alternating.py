@@ -89,6 +89,13 @@ class AlternatingProjectionOp(LinearOperator):
             nothing (False: recompute the forward pass), or (None) the rows when XLA counts more flops for a
             tangent pass and they fit in half the free memory, else the linearisation when it fits, else
             nothing. `storage` says which was chosen.
+        row_dtype: with ``store_linearization="rows"``, keep the rows in this narrower floating dtype
+            (``"float16"``: half the memory of float32 rows; float32 for float64 parameters). Each row is scaled
+            by a power of two so that its largest entry is at most 1 (exact; no overflow). Products still run in
+            the parameters' dtype, and the Grams, factors and diagnostics are those of the rows as stored: the
+            projector is the one onto their kernel, which differs from the full-precision rows' by their rounding
+            (float16: a relative 2^-11 per entry). On CPU float16 rows sweep as fast as float32 ones, bfloat16
+            rows about half as fast (`benchmarks/projected.py --cnn` measures the CNN).
         progress: a progress bar per projection (of a vector or of a block of them) on stderr
             (`tqdm`; shown once a projection runs longer than two seconds), advanced at every sweep
             with the residual (the largest over a block's columns) and ended with the outcome. Off by
@@ -138,10 +145,11 @@ class AlternatingProjectionOp(LinearOperator):
 
     @classmethod
     def _from_rows(cls, rows, *, method="cg", max_sweeps=500, rtol=None, cutoff=None, store_linearization=None,
-                   progress=False, mesh=None, axis="data", split_sweeps=False):
+                   row_dtype=None, progress=False, mesh=None, axis="data", split_sweeps=False):
         _check_options(method, max_sweeps, split_sweeps, mesh)  # before any work
         _warn_if_few_free_directions(rows)
-        blocks = RowBlocks.build(rows, cutoff=cutoff, store_linearization=store_linearization, mesh=mesh, axis=axis)
+        blocks = RowBlocks.build(rows, cutoff=cutoff, store_linearization=store_linearization, row_dtype=row_dtype,
+                                 mesh=mesh, axis=axis)
         return cls(blocks, method=method, max_sweeps=max_sweeps, rtol=rtol, progress=progress,
                    split_sweeps=split_sweeps)
 

@@ -8,9 +8,13 @@ linear map $t \mapsto M_b t$ stored once, in one of two forms:
   data, which are shared). $Q_b = I - M_b^\top W_b^\top W_b M_b$ (the projector onto $\ker M_b$)
   then costs a tangent and a transposed pass and no forward pass.
 - ``"rows"``: the ``R x P`` rows of $M_b$ themselves (in the parameters' layout), so $Q_b$ costs two
-  matrix products. A convolution reuses each weight at every pixel, so its tangent pass costs more
-  than the ``2 R P`` flops of a product with the rows, and runs far below a matrix product's speed
-  on CPU: LeNet-5's sweeps run 4x faster on its rows (`benchmarks/projected.py` (e)).
+  matrix products. ``row_dtype`` keeps them in a narrower floating type (float16: half the memory of float32
+  rows), each row scaled by a power of two so that its largest entry is at most 1 (exact, and no overflow);
+  the products still run in the parameters' dtype, and the Gram, its factor and every diagnostic are those
+  of the rows as stored, so the projector is exactly the one onto their kernel.
+  A convolution reuses each weight at every pixel, so its tangent pass costs more than the ``2 R P``
+  flops of a product with the rows, and runs far below a matrix product's speed on CPU: LeNet-5's
+  sweeps run 4x faster on its rows (`benchmarks/projected.py` (e)).
 
 Set-up, per batch: the rows of $M_b$ come from per-example reverse passes (each row needs only its
 own example), and the Gram $M_b M_b^\top$ from forward-mode products of $M_b$ with them or from their
@@ -31,6 +35,7 @@ Examples:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -73,16 +78,19 @@ class RowBlocks(eqx.Module):
     dtype: np.dtype = eqx.field(static=True)
     mesh: object = eqx.field(static=True)
     axis: str = eqx.field(static=True)
+    row_dtype: np.dtype | None = eqx.field(static=True, default=None)
 
     @classmethod
-    def build(cls, rows: RowSource, *, cutoff=None, store_linearization=None, mesh=None,
+    def build(cls, rows: RowSource, *, cutoff=None, store_linearization=None, row_dtype=None, mesh=None,
               axis: str = "data") -> RowBlocks:
         r"""Factor every batch's Gram $M_b M_b^\top$ (relative eigenvalue ``cutoff``, default ``max(R, sqrt(P)) eps``).
 
         ``store_linearization``: keep each batch's linearisation (True), its rows (``"rows"``), recompute the
         forward pass in every product (False), or (None) choose: the rows when a tangent pass costs more flops
         than a product with them (XLA's count; a convolution's) and they fit in half the free memory, else
-        the linearisation when it fits, else nothing. ``mesh``: split the
+        the linearisation when it fits, else nothing. ``row_dtype`` (with ``store_linearization="rows"``):
+        keep the rows in this narrower floating dtype, each row scaled by a power of two (stored beside it).
+        ``mesh``: split the
         batches over its devices along ``axis`` (the last batch repeated to split them evenly: its
         projector is idempotent, so a sweep's projection is unchanged).
 
@@ -93,6 +101,7 @@ class RowBlocks(eqx.Module):
             raise ValueError(f"{_WHO}: store_linearization must be None, True, False or 'rows', got "
                              f"{store_linearization!r}")
         cutoff = _check_cutoff(cutoff)  # a plain number: part of the factoring program's static plan
+        row_dtype = _check_row_dtype(row_dtype, store_linearization, rows.dtype)
         mesh, axis = check_mesh(mesh, axis, _WHO)
         data, devices = rows.data, 1 if mesh is None else mesh.shape[axis]
         if mesh is not None:  # a whole number of batches per device: repeat the last batch (Q_B Q_B = Q_B)
@@ -117,10 +126,10 @@ class RowBlocks(eqx.Module):
         first = jax.tree_util.tree_map(lambda a: a[0], data)
         by_products = _gram_by_products(rows, first)
         store = _plan_memory(rows, batches, store_linearization, per_batch_bytes, mesh is not None,
-                             rows_cheaper=not by_products)
+                             rows_cheaper=not by_products, row_dtype=row_dtype)
 
         plan = _FactorPlan(rows.rows, rows.forward, rows.to_tree, int(rows.size), np.dtype(rows.dtype),
-                           int(rows.num_rows), store, bool(by_products), cutoff)
+                           int(rows.num_rows), store, bool(by_products), cutoff, row_dtype)
         if mesh is None:  # one program per plan (structural) and shapes: a refit compiles nothing
             W, stored, traces = _factor_batches_jit(rows.params, data, plan)
         else:  # each device factors its own batches, and keeps them
@@ -134,7 +143,7 @@ class RowBlocks(eqx.Module):
         # the linearisation's recipe traced above (outside any mesh), or the rows' marker
         recipe = {_ROWS: _ROWS, "linearization": traced.get("recipe"), None: None}[store]
         return cls(rows.params, data, W, stored, traces, rows.forward, rows.backward, rows.to_tree, rows.to_flat,
-                   recipe, int(rows.size), np.dtype(rows.dtype), mesh, axis)
+                   recipe, int(rows.size), np.dtype(rows.dtype), mesh, axis, row_dtype)
 
     @property
     def num_batches(self) -> int:
@@ -160,8 +169,12 @@ class RowBlocks(eqx.Module):
         if self.recipe is None:
             return lambda t: self.forward(self.params, data_b, t)
         if self.recipe == _ROWS:  # stored_b: the rows, leaf by leaf ((R, *leaf shape), in t's leaf order)
-            return lambda t: sum(r.reshape(r.shape[0], -1) @ leaf.reshape(-1)
-                                 for r, leaf in zip(stored_b, jax.tree_util.tree_leaves(t), strict=True))
+            if self.row_dtype is None:
+                return lambda t: sum(r.reshape(r.shape[0], -1) @ leaf.reshape(-1)
+                                     for r, leaf in zip(stored_b, jax.tree_util.tree_leaves(t), strict=True))
+            *narrow, scale = stored_b  # rows scaled by 2^-e, and 2^e per row; the products in t's dtype
+            return lambda t: scale * sum(r.reshape(r.shape[0], -1).astype(leaf.dtype) @ leaf.reshape(-1)
+                                         for r, leaf in zip(narrow, jax.tree_util.tree_leaves(t), strict=True))
         return _rebuild(self.recipe, self.params, data_b, stored_b)
 
     def project_out(self, t, batch):
@@ -200,6 +213,7 @@ class _FactorPlan(NamedTuple):
     store: str | None
     by_products: bool
     cutoff: float | None
+    row_dtype: np.dtype | None = None
 
 
 def _check_cutoff(cutoff) -> float | None:
@@ -214,6 +228,34 @@ def _check_cutoff(cutoff) -> float | None:
         raise ValueError(f"{_WHO}: cutoff is relative to each Gram's largest eigenvalue and must lie in [0, 1), "
                          f"got {value}")
     return value
+
+
+def _check_row_dtype(row_dtype, store, dtype) -> np.dtype | None:
+    """``row_dtype`` as a NumPy floating dtype no wider than the parameters' (None: theirs), asked for with rows."""
+    if row_dtype is None:
+        return None
+    try:
+        narrow = jnp.dtype(row_dtype)
+    except TypeError:
+        raise TypeError(f"{_WHO}: row_dtype must be a floating dtype such as 'float16', got {row_dtype!r}") from None
+    if not jnp.issubdtype(narrow, jnp.floating) or narrow.itemsize > np.dtype(dtype).itemsize:
+        raise ValueError(f"{_WHO}: row_dtype must be a floating dtype no wider than the parameters' "
+                         f"({np.dtype(dtype)}), got {narrow}")
+    if store != _ROWS:
+        raise ValueError(f"{_WHO}: row_dtype={narrow} keeps the stored rows in that dtype: pass "
+                         f"store_linearization='rows' with it (got store_linearization={store!r})")
+    return None if narrow == np.dtype(dtype) else narrow
+
+
+def _narrow_rows(leaves, row_dtype, dtype):
+    """Rows leaf by leaf ``(R, ...)`` in ``row_dtype``, each row scaled by ``2^-e`` (its largest entry in [0.5, 1)),
+    with the scales ``2^e`` ``(R,)``; and the rows they stand for (in ``dtype``), for the Gram."""
+    largest = functools.reduce(jnp.maximum, [jnp.max(jnp.abs(a.reshape(a.shape[0], -1)), axis=1) for a in leaves])
+    e = jnp.frexp(largest)[1]  # largest = f 2^e with f in [0.5, 1); 0 for a zero row
+    expand = lambda v, a: v.reshape((-1,) + (1,) * (a.ndim - 1))  # noqa: E731
+    narrow = tuple(jnp.ldexp(a, expand(-e, a)).astype(row_dtype) for a in leaves)
+    scale = jnp.ldexp(jnp.ones((), dtype), e)
+    return narrow + (scale,), [expand(scale, a) * n.astype(dtype) for a, n in zip(leaves, narrow, strict=True)]
 
 
 def _linearize_batch(forward, to_tree, size, dtype, params, data_b):
@@ -231,9 +273,11 @@ def _factor_batches(params, data, plan: _FactorPlan):
         # XLA's cost analysis counts fewer flops for: an MLP's tangent pass is cheap (products: 2.2x faster
         # at P = 118k), a convolution's is not (inner products: 2.2x faster on LeNet-5).
         rows_b = plan.rows(params, data_b)
-        if plan.store == _ROWS:  # the rows are kept: their inner products are the Gram
+        if plan.store == _ROWS:  # the rows are kept: their inner products (of the rows as kept) are the Gram
             leaves = tuple(jax.tree_util.tree_leaves(rows_b))
-            return sum(a.reshape(a.shape[0], -1) @ a.reshape(a.shape[0], -1).T for a in leaves), leaves
+            narrow = plan.row_dtype is not None
+            kept, used = _narrow_rows(leaves, plan.row_dtype, plan.dtype) if narrow else (leaves, leaves)
+            return sum(a.reshape(a.shape[0], -1) @ a.reshape(a.shape[0], -1).T for a in used), kept
         keep = plan.store == "linearization"
         if plan.by_products or keep:
             stored, recipe = _linearize_batch(plan.forward, plan.to_tree, plan.size, plan.dtype, params, data_b)
@@ -253,10 +297,11 @@ def _factor_batches(params, data, plan: _FactorPlan):
 _factor_batches_jit = jax.jit(_factor_batches, static_argnums=2)
 
 
-def _plan_memory(rows, batches, store, per_batch_bytes, on_mesh, rows_cheaper) -> str | None:
+def _plan_memory(rows, batches, store, per_batch_bytes, on_mesh, rows_cheaper, row_dtype=None) -> str | None:
     """What to store (``"rows"``, ``"linearization"`` or None); refuses factors (or asked-for storage) that
     cannot fit. ``rows_cheaper``: a tangent pass costs more flops than a product with the rows."""
     item = np.dtype(rows.dtype).itemsize
+    row_item = item if row_dtype is None else np.dtype(row_dtype).itemsize
     R, P = rows.num_rows, int(rows.size)
     # The Grams and their factors (both alive between the two loops), plus one batch's rows
     # (R x P, twice: as computed and flattened) while building them.
@@ -264,7 +309,7 @@ def _plan_memory(rows, batches, store, per_batch_bytes, on_mesh, rows_cheaper) -
     what = f"{_WHO}: the factors of {batches} batches of {R} rows ({P} parameters)" + (" per device" if on_mesh else "")
     hint = "use a smaller batch_size, or from_loss_jacobian (one row per example whatever the outputs)"
     check_fits(base, what, hint)
-    with_rows = base + batches * R * P * item
+    with_rows = base + batches * R * P * row_item + (0 if row_dtype is None else batches * R * item)  # and scales
     if store == _ROWS:
         check_fits(with_rows, what + " and their rows",
                    hint + ", or store_linearization=None (the linearisations, when they fit)")

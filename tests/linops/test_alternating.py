@@ -510,3 +510,60 @@ def test_both_ways_of_forming_the_grams_give_the_projection(by_products, monkeyp
         assert_close(traces, [np.trace(M @ M.T) for M in rows], rtol=1e-10)
         assert_close(op.project(x).value, null @ np.asarray(x), atol=1e-7)
     assert chosen == [by_products, by_products]
+
+
+def _stored_rows(A, B, R):
+    """The rows as stored, in the flat parameters' order and the parameters' dtype (narrow rows times their scales)."""
+    *narrow, scale = A.stored
+    return np.concatenate([np.asarray(a, np.float64).reshape(B, R, -1) for a in narrow], axis=2).reshape(B * R, -1) \
+        * np.asarray(scale).reshape(-1, 1)
+
+
+@pytest.mark.parametrize("row_dtype, unit", [("float32", 2.0**-24), ("float16", 2.0**-11)])
+def test_narrow_rows_project_onto_the_kernel_of_the_rows_as_stored(row_dtype, unit):
+    """Rows kept in a narrower dtype: each row scaled by a power of two (largest entry in [0.5, 1)), rounded once,
+    and the projector is exactly the one onto the kernel of those rounded rows (dense reference), which differs
+    from the full-precision projector by the rounding alone."""
+    rng = np.random.default_rng(23)
+    params = {"K": jnp.asarray(rng.standard_normal((4, 1, 3, 3)) / 3), "c": jnp.asarray(0.1 * rng.standard_normal(4)),
+              "W": jnp.asarray(rng.standard_normal((3, 144)) / 12), "b": jnp.zeros(3)}
+    X = jnp.asarray(rng.standard_normal((12, 6, 6)))  # 3 whole batches
+    flat, unravel = ravel(params)
+    J = np.asarray(jax.jacfwd(lambda v: jax.vmap(_conv_fn, (None, 0))(unravel(v), X).reshape(-1))(flat))
+    full = lo.AlternatingProjectionOp.from_jacobian(_conv_fn, params, X, batch_size=4, rtol=1e-12,
+                                                    store_linearization="rows")
+    narrow = lo.AlternatingProjectionOp.from_jacobian(_conv_fn, params, X, batch_size=4, rtol=1e-12,
+                                                      store_linearization="rows", row_dtype=row_dtype)
+    assert narrow.storage == "rows" and narrow.dtype == jnp.float64
+    assert [a.dtype for a in narrow.stored] == [np.dtype(row_dtype)] * 4 + [np.dtype("float64")]
+    narrow_bytes, full_bytes = sum(a.nbytes for a in narrow.stored[:-1]), sum(a.nbytes for a in full.stored)
+    assert narrow_bytes == full_bytes * np.dtype(row_dtype).itemsize // 8
+    stored = _stored_rows(narrow, 3, 12)
+    scale = np.asarray(narrow.stored[-1]).reshape(-1)
+    largest = np.abs(J).max(axis=1)
+    assert np.all(np.log2(scale) == np.round(np.log2(scale)))  # powers of two
+    assert np.all((largest / scale >= 0.5) & (largest / scale < 1.0))
+    np.testing.assert_array_less(np.abs(stored - J), unit * np.abs(J) + 1e-30 + unit * 2.0**-14 * scale[:, None])
+    assert np.abs(stored - J).max() > 0  # rounded: the option took effect
+    x = jnp.asarray(rng.standard_normal(flat.size))
+    null = np.eye(flat.size) - np.linalg.pinv(stored) @ stored
+    assert _error(_project(narrow, x).value, null, x) < 1e-8
+    exact = np.eye(flat.size) - np.linalg.pinv(J) @ J
+    gap = _error(_project(narrow, x).value, exact, x)
+    assert 0 < gap < 1e3 * unit
+    # the diagnostics are those of the stored rows: ||M_hat x|| and ||M_hat||_F
+    assert_close(narrow.blocks.kernel_norm(x), np.linalg.norm(stored @ np.asarray(x)), rtol=1e-10)
+    assert_close(narrow.blocks.frobenius_norm, np.linalg.norm(stored), rtol=1e-10)
+
+
+def test_narrow_rows_neither_overflow_nor_lose_a_zero_row():
+    """float16 holds at most 65504: rows of 1e6 (and a zero row, scale 1) are scaled before rounding."""
+    rng = np.random.default_rng(24)
+    M = np.concatenate([1e6 * rng.standard_normal((5, 20)), np.zeros((1, 20))])
+    A = lo.AlternatingProjectionOp.from_matrix(jnp.asarray(M), batch_size=3, rtol=1e-12, store_linearization="rows",
+                                               row_dtype="float16")
+    stored = _stored_rows(A, 2, 3)
+    assert np.all(np.isfinite(stored)) and np.all(stored[5] == 0) and float(A.stored[-1][1, 2]) == 1.0
+    x = jnp.asarray(rng.standard_normal(20))
+    null = np.eye(20) - np.linalg.pinv(stored) @ stored
+    assert _error(_project(A, x).value, null, x) < 1e-8
