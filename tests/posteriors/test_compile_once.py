@@ -156,21 +156,23 @@ def test_fit_gp_fsp_laplace_and_subnetwork_laplace_compile_once():
 
 
 @pytest.mark.parametrize("loss", [False, True])
-@pytest.mark.parametrize("store", ["rows", False])
+@pytest.mark.parametrize("store", ["rows", False, "narrow rows"])
 def test_a_projected_posterior_refit_compiles_nothing_and_projects_onto_the_new_kernel(store, loss):
     """The row maps are structural (the model function, not a fresh closure per fit), so building the batches'
     factors and projecting reuse their programs on new weights and data; the cached programs read the new
-    arrays: the samples' deviations lie in the kernel of the new Jacobian, not the old one's."""
+    arrays: the samples' deviations lie in the kernel of the new Jacobian, not the old one's. The same with the
+    rows kept in a narrower dtype (float32 for these float64 weights)."""
     fn = _mlp_problem(0)[0]  # a refit calls the same model function on new weights and data
+    options = dict(store_linearization="rows", row_dtype="float32") if store == "narrow rows" else \
+        dict(store_linearization=store)
 
     def fit(i):
         _, params, X, y = _mlp_problem(i)
         X = X[:10] * (1.0 + i)
         if loss:
             return fn, params, X, pst.loss_projected_posterior(fn, params, (X, y[:10]), Categorical(), batch_size=5,
-                                                               progress=False, store_linearization=store)
-        return fn, params, X, pst.projected_posterior(fn, params, X, batch_size=5, progress=False,
-                                                      store_linearization=store)
+                                                               progress=False, **options)
+        return fn, params, X, pst.projected_posterior(fn, params, X, batch_size=5, progress=False, **options)
 
     def deviations(post):
         return post.projection.project_samples(jax.random.normal(jax.random.key(2), (post.projection.size, 3)))
@@ -181,6 +183,8 @@ def test_a_projected_posterior_refit_compiles_nothing_and_projects_onto_the_new_
         _, params, X, second = fit(1)
         d2 = jax.block_until_ready(deviations(second).value)
     assert events == [], f"{len(events)} compilations on a refit"
+    if store == "narrow rows":
+        assert {a.dtype for a in second.projection.stored[:-1]} == {np.dtype("float32")}
     flat, unravel = ravel(params)
     J = jax.jacrev(lambda f: jax.vmap(lambda x: fn(unravel(f), x))(X))(flat)  # (N, O, P) at the new weights
     if loss:  # rows g_n J_n, g_n the categorical loss gradient at the outputs
