@@ -730,63 +730,75 @@ def _orth(Z, rtol=1e-6):
     return jnp.where(keep[None], (Z @ V) / jnp.sqrt(jnp.where(keep, w, 1.0)), 0.0)
 
 
-def _iteration_methods(A, M):
-    """Each method as ``(init(E) -> state, step(state) -> state, value(state) -> Pi E)``, for a block E (P, k).
-
-    - CG on (I - T) U = (I - T) E (the library's iteration, per column), T the symmetric sweep;
-    - block CG on the same system (the columns share one Krylov space; orthonormalised directions);
-    - PCG on the normal equations M M^T Y = M E (Pi E = E - M^T Y), each batch's Gram factor W_b^T W_b as a
-      block-Jacobi preconditioner: two reads of the rows per step against the symmetric sweep's four.
-    """
+def _operators(A, M):
+    """``(I - T, M v, M^T y, block-Jacobi preconditioner)`` on the operator ``A`` and its rows ``M`` (B, R, P)."""
     sweep = jax.vmap(lambda u: A._sweep(u, symmetric=True), in_axes=1, out_axes=1)
-    I_minus_T = lambda U: U - sweep(U)  # noqa: E731
-    dot = lambda u, w: jnp.sum(u * w, axis=tuple(range(u.ndim - 1)))  # noqa: E731
+    return (lambda U: U - sweep(U), lambda V: jnp.einsum("brp,pk->brk", M, V),
+            lambda Y: jnp.einsum("brp,brk->pk", M, Y),
+            lambda Y: jnp.einsum("bsr,bsk->brk", A.W, jnp.einsum("bsr,brk->bsk", A.W, Y)))
 
-    def cg_init(E):
-        b = I_minus_T(E)
-        return (E, jnp.zeros_like(E), b, b, dot(b, b))
 
-    def cg_step(s):
-        E, U, r, p, rr = s
-        Ap = I_minus_T(p)
-        a = rr / dot(p, Ap)
-        U, r = U + a * p, r - a * Ap
-        new = dot(r, r)
-        return (E, U, r, r + (new / rr) * p, new)
+def _dot(u, w):
+    return jnp.sum(u * w, axis=tuple(range(u.ndim - 1)))  # one inner product per column
 
-    def bcg_init(E):
-        b = I_minus_T(E)
-        return (E, jnp.zeros_like(E), b, _orth(b))
 
-    def bcg_step(s):
-        E, U, R, Pd = s
-        Q = I_minus_T(Pd)
-        inv = jnp.linalg.pinv(Pd.T @ Q, rtol=1e-6, hermitian=True)
-        a = inv @ (Pd.T @ R)
-        U, R = U + Pd @ a, R - Q @ a
-        return (E, U, R, _orth(R - Pd @ (inv @ (Q.T @ R))))
+def _cg_init(A, M, E):
+    b = _operators(A, M)[0](E)
+    return (E, jnp.zeros_like(E), b, b, _dot(b, b))
 
-    Jv = lambda V: jnp.einsum("brp,pk->brk", M, V)  # noqa: E731
-    Jt = lambda Y: jnp.einsum("brp,brk->pk", M, Y)  # noqa: E731
-    pre = lambda Y: jnp.einsum("bsr,bsk->brk", A.W, jnp.einsum("bsr,brk->bsk", A.W, Y))  # noqa: E731
 
-    def ne_init(E):
-        b = Jv(E)
-        z = pre(b)
-        return (E, jnp.zeros_like(b), b, z, dot(b, z))
+def _cg_step(A, M, s):
+    E, U, r, p, rr = s
+    Ap = _operators(A, M)[0](p)
+    a = rr / _dot(p, Ap)
+    U, r = U + a * p, r - a * Ap
+    new = _dot(r, r)
+    return (E, U, r, r + (new / rr) * p, new)
 
-    def ne_step(s):
-        E, Y, r, p, rz = s
-        Ap = Jv(Jt(p))
-        a = rz / dot(p, Ap)
-        Y, r = Y + a * p, r - a * Ap
-        z = pre(r)
-        new = dot(r, z)
-        return (E, Y, r, z + (new / rz) * p, new)
 
-    return {"CG on I − T (the library's)": (cg_init, cg_step, lambda s: s[0] - s[1], 4),
-            "block CG on I − T": (bcg_init, bcg_step, lambda s: s[0] - s[1], 4),
-            "PCG on M Mᵀ, block-Jacobi (the Grams' factors)": (ne_init, ne_step, lambda s: s[0] - Jt(s[1]), 2)}
+def _bcg_init(A, M, E):
+    b = _operators(A, M)[0](E)
+    return (E, jnp.zeros_like(E), b, _orth(b))
+
+
+def _bcg_step(A, M, s):
+    E, U, R, Pd = s
+    Q = _operators(A, M)[0](Pd)
+    inv = jnp.linalg.pinv(Pd.T @ Q, rtol=1e-6, hermitian=True)
+    a = inv @ (Pd.T @ R)
+    U, R = U + Pd @ a, R - Q @ a
+    return (E, U, R, _orth(R - Pd @ (inv @ (Q.T @ R))))
+
+
+def _ne_init(A, M, E):
+    _, Jv, _, pre = _operators(A, M)
+    b = Jv(E)
+    z = pre(b)
+    return (E, jnp.zeros_like(b), b, z, _dot(b, z))
+
+
+def _ne_step(A, M, s):
+    E, Y, r, p, rz = s
+    _, Jv, Jt, pre = _operators(A, M)
+    Ap = Jv(Jt(p))
+    a = rz / _dot(p, Ap)
+    Y, r = Y + a * p, r - a * Ap
+    z = pre(r)
+    new = _dot(r, z)
+    return (E, Y, r, z + (new / rz) * p, new)
+
+
+# Each method as ``(init(A, M, E), step(A, M, state), value(A, M, state) -> Pi E, reads of the rows per step)``:
+# - CG on (I - T) U = (I - T) E (the library's iteration, per column), T the symmetric sweep;
+# - block CG on the same system (the columns share one Krylov space; orthonormalised directions);
+# - PCG on the normal equations M M^T Y = M E (Pi E = E - M^T Y), each batch's Gram factor W_b^T W_b as a
+#   block-Jacobi preconditioner: two reads of the rows per step against the symmetric sweep's four.
+# The operator and the rows are arguments of every compiled program, never constants baked into it.
+_ITERATIONS = {
+    "CG on I − T (the library's)": (_cg_init, _cg_step, lambda A, M, s: s[0] - s[1], 4),
+    "block CG on I − T": (_bcg_init, _bcg_step, lambda A, M, s: s[0] - s[1], 4),
+    "PCG on M Mᵀ, block-Jacobi (the Grams' factors)": (_ne_init, _ne_step,
+                                                       lambda A, M, s: s[0] - _operators(A, M)[2](s[1]), 2)}
 
 
 def _reference(M, E, cutoff):
@@ -838,13 +850,12 @@ def _iterations_job(task, rec):
     exact, target, rank, dropped = _reference(M, E, cutoff)
     En = np.asarray(E, np.float64)
     quad_ref = np.sum(En * exact, axis=0)
-    ME = np.linalg.norm(np.einsum("brp,pk->brk", np.asarray(M), np.asarray(E)).reshape(B * R, -1), axis=0)
+    norms = eqx.filter_jit(lambda M, V: jnp.linalg.norm(jnp.einsum("brp,pk->brk", M, V), axis=(0, 1)))
+    ME = np.asarray(norms(M, E), np.float64)
 
     def judge(V):
-        V = np.asarray(V, np.float64)
-        kres = np.linalg.norm(np.einsum("brp,pk->brk", np.asarray(M), V.astype(np.float32)).reshape(B * R, -1),
-                              axis=0) / ME
-        bias = (quad_ref - np.sum(En * V, axis=0)) / (P - quad_ref)  # of r_hat = P - E^T Pi_hat E, relative
+        kres = np.asarray(norms(M, jnp.asarray(V, A.dtype)), np.float64) / ME
+        bias = (quad_ref - np.sum(En * np.asarray(V, np.float64), axis=0)) / (P - quad_ref)  # of r_hat, relative
         return {"kernel_residual": float(np.max(kres)), "rank_bias": float(np.mean(bias)),
                 "rank_bias_range": [float(np.min(bias)), float(np.max(bias))]}
 
@@ -856,18 +867,18 @@ def _iterations_job(task, rec):
     out.value.block_until_ready()
     rec("library_defaults", dict(judge(out.value), sweeps=int(jnp.max(out.sweeps)), s=time.perf_counter() - t0,
                                  converged=bool(jnp.all(out.converged))))
-    methods = _iteration_methods(A, M)
+    every = task["every"]
     for name in task["methods"]:
-        init, step, value, reads = methods[name]
-        chunk = jax.jit(lambda s, step=step: jax.lax.fori_loop(0, task["every"], lambda i, s: step(s), s))
-        state = jax.block_until_ready(jax.jit(init)(E))
-        chunk(state)  # compiled once, outside the timing
+        init, step, value, reads = _ITERATIONS[name]
+        chunk = eqx.filter_jit(lambda A, M, s, step=step: jax.lax.fori_loop(0, every, lambda i, s: step(A, M, s), s))
+        state = jax.block_until_ready(eqx.filter_jit(init)(A, M, E))
+        jax.block_until_ready(chunk(A, M, state))  # compiled once, outside the timing
         trajectory, spent = [], 0.0
-        for done in range(task["every"], task["steps"] + 1, task["every"]):
+        for done in range(every, task["steps"] + 1, every):
             t0 = time.perf_counter()
-            state = jax.block_until_ready(chunk(state))
+            state = jax.block_until_ready(chunk(A, M, state))
             spent += time.perf_counter() - t0
-            trajectory.append(dict(judge(jax.jit(value)(state)), steps=done))
+            trajectory.append(dict(judge(eqx.filter_jit(value)(A, M, state)), steps=done))
         rec(f"methods/{name}", {"reads_per_step": reads, "s_per_step": spent / task["steps"],
                                 "trajectory": trajectory})
 
