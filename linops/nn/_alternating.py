@@ -94,8 +94,8 @@ class AlternatingProjectionOp(LinearOperator):
             by a power of two so that its largest entry is at most 1 (exact; no overflow). Products still run in
             the parameters' dtype, and the Grams, factors and diagnostics are those of the rows as stored: the
             projector is the one onto their kernel, which differs from the full-precision rows' by their rounding
-            (float16: a relative 2^-11 per entry). On CPU float16 rows sweep as fast as float32 ones, bfloat16
-            rows about half as fast (`benchmarks/projected.py --cnn` measures the CNN).
+            (float16: a relative 2^-11 per entry). `benchmarks/projected.py --cnn-storage` measures a CNN's fit
+            with float32 and with float16 rows.
         progress: a progress bar per projection (of a vector or of a block of them) on stderr
             (`tqdm`; shown once a projection runs longer than two seconds), advanced at every sweep
             with the residual (the largest over a block's columns) and ended with the outcome. Off by
