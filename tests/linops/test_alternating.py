@@ -519,7 +519,8 @@ def _stored_rows(A, B, R):
         * np.asarray(scale).reshape(-1, 1)
 
 
-@pytest.mark.parametrize("row_dtype, unit", [("float32", 2.0**-24), ("float16", 2.0**-11)])
+@pytest.mark.parametrize("row_dtype, unit", [pytest.param("float32", 2.0**-24, marks=pytest.mark.slow),
+                                             ("float16", 2.0**-11)])
 def test_narrow_rows_project_onto_the_kernel_of_the_rows_as_stored(row_dtype, unit):
     """Rows kept in a narrower dtype: each row scaled by a power of two (largest entry in [0.5, 1)), rounded once,
     and the projector is exactly the one onto the kernel of those rounded rows (dense reference), which differs

@@ -156,7 +156,7 @@ def test_fit_gp_fsp_laplace_and_subnetwork_laplace_compile_once():
 
 
 @pytest.mark.parametrize("loss", [False, True])
-@pytest.mark.parametrize("store", ["rows", False, "narrow rows"])
+@pytest.mark.parametrize("store", ["rows", False, pytest.param("narrow rows", marks=pytest.mark.slow)])
 def test_a_projected_posterior_refit_compiles_nothing_and_projects_onto_the_new_kernel(store, loss):
     """The row maps are structural (the model function, not a fresh closure per fit), so building the batches'
     factors and projecting reuse their programs on new weights and data; the cached programs read the new
