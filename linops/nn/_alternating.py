@@ -229,9 +229,9 @@ class AlternatingProjectionOp(LinearOperator):
         else:
             value, (sweeps, converged, last) = self._accelerated(lambda u: u - sweep(u, symmetric=True), x,
                                                                  callback=report and report.step)
-            history = (jax.vmap(self._history) if block else self._history)(sweeps, last)
-        residual = jax.vmap(self._kernel_residual, in_axes=1) if block else self._kernel_residual
-        kernel_residual, remaining = residual(x, value)
+            history = (jax.vmap(_history, (None, 0, 0)) if block else _history)(self, sweeps, last)
+        residual = jax.vmap(_kernel_residual, (None, 1, 1)) if block else _kernel_residual
+        kernel_residual, remaining = residual(self.blocks, x, value)
         converged = converged & _in_kernel(self.blocks, remaining, x)
         if report is not None:
             jax.debug.callback(report.done, jnp.max(sweeps), jnp.max(last), jnp.all(converged))
@@ -253,14 +253,6 @@ class AlternatingProjectionOp(LinearOperator):
                                            maxiter=self.max_sweeps, patience=_PATIENCE, callback=callback, axis=axis)
         b = jnp.linalg.norm(B, axis=0)
         return X - U, (steps + 2, converged, residual / jnp.where(b > 0, b, 1.0))
-
-    def _history(self, sweeps, residual):
-        return jnp.full(self.max_sweeps, jnp.nan, residual.dtype).at[jnp.maximum(sweeps - 2, 0)].set(residual)
-
-    def _kernel_residual(self, x, value):
-        """``(||M value|| / ||M x||, ||M value||)``."""
-        before, after = self.blocks.kernel_norm(x), self.blocks.kernel_norm(value)
-        return after / jnp.where(before > 0, before, 1.0), after
 
     def project_samples(self, V) -> Projection:
         r"""$\Pi V$ for a block of vectors ``V`` ``(P, k)`` with its diagnostics, sample-parallel on the mesh.
@@ -306,9 +298,10 @@ class AlternatingProjectionOp(LinearOperator):
     def _ring_project(self, V):
         solve = lambda I_minus_T, block: self._accelerated(I_minus_T, block, axis=self.axis)  # noqa: E731
         value, (sweeps, converged, residual) = _sweeps.ring(self.blocks, V, solve)
-        kernel_residual, remaining = jax.vmap(self._kernel_residual, in_axes=1)(V, value)
+        kernel_residual, remaining = jax.vmap(_kernel_residual, (None, 1, 1))(self.blocks, V, value)
         converged = converged & _in_kernel(self.blocks, remaining, V)
-        return Projection(value, sweeps, converged, kernel_residual, jax.vmap(self._history)(sweeps, residual))
+        history = jax.vmap(_history, (None, 0, 0))(self, sweeps, residual)
+        return Projection(value, sweeps, converged, kernel_residual, history)
 
     def mv(self, v):
         return self.project(v).value
@@ -319,13 +312,25 @@ class AlternatingProjectionOp(LinearOperator):
     rmv = mv
 
 
-
 # compiled as a public call's program (`linops.runtime.program`): one per operator structure, and Ctrl-C stops a
 # projection at its next batch (with a progress bar) instead of after its last sweep
 _project_jit = program(lambda A, x: A._project(x))
 _sweep_jit = program(lambda A, v: A._sweep(v))
 _ring_jit = program(lambda A, V: A._ring_project(V))
 _symmetric_sweep_jit = program(lambda A, v: A._sweep(v, symmetric=True))
+
+
+def _history(A, sweeps, residual):
+    """The residual history of the accelerated path: NaN except at the last step."""
+    return jnp.full(A.max_sweeps, jnp.nan, residual.dtype).at[jnp.maximum(sweeps - 2, 0)].set(residual)
+
+
+def _kernel_residual(blocks, x, value):
+    """``(||M value|| / ||M x||, ||M value||)``."""
+    before, after = blocks.kernel_norm(x), blocks.kernel_norm(value)
+    return after / jnp.where(before > 0, before, 1.0), after
+
+
 def _in_kernel(blocks, remaining, x):
     r"""Whether $\|M \Pi x\| \le \sqrt{\epsilon}\,\|M\|_F \|x\|$ (per column of a block): a stopping rule met is
     not yet a projection. Both methods are judged by it: a plain sweep that barely changes the vector says nothing
