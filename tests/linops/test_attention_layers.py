@@ -69,7 +69,7 @@ def _model(framework):
     return fn, jax.tree_util.tree_map(lambda a: a.astype(jnp.float64), params)
 
 
-@pytest.mark.parametrize("framework", ["flax", "equinox"])
+@pytest.mark.parametrize("framework", [pytest.param("flax", marks=pytest.mark.slow), "equinox"])  # flax: 6 s
 def test_multi_head_attention_gets_kronecker_factors_and_exact_per_layer_rules(framework):
     fn, params = _model(framework)
     X = jax.random.normal(jax.random.key(1), (6, 5, 4), jnp.float64)  # 6 sequences of 5 tokens

@@ -49,6 +49,7 @@ def test_zero_is_the_only_scalar_an_operator_adds():
         2 + A
 
 
+@pytest.mark.slow  # 2-5 s (10,000 nodes); the flat sum and the nesting limit stay in the default tier
 def test_a_plus_and_minus_chain_of_10000_operators_matches_numpy(rng):
     Ms = rng.normal(size=(N, 3, 4))
     signs = np.where(np.arange(N) % 3 == 0, -1.0, 1.0)
@@ -61,6 +62,7 @@ def test_a_plus_and_minus_chain_of_10000_operators_matches_numpy(rng):
     assert_close(s @ jnp.asarray(v), dense @ v, rtol=1e-9)
 
 
+@pytest.mark.slow  # 2-5 s (10,000 nodes); the flat sum and the nesting limit stay in the default tier
 def test_10000_shifts_are_one_shift_by_the_total(rng):
     X = rng.normal(size=(3, 3))
     G = lo.Dense(X @ X.T, tags={"psd"})
@@ -83,6 +85,7 @@ def test_10000_shifts_are_one_shift_by_the_total(rng):
     assert_close(jax.jit(traced)(0.5), (X @ X.T + np.eye(3)) @ v)
 
 
+@pytest.mark.slow  # 2-5 s (10,000 nodes); the flat sum and the nesting limit stay in the default tier
 def test_a_product_chain_of_10000_near_identity_matrices_matches_numpy(rng):
     Ms = np.eye(3) + 0.01 * rng.normal(size=(N, 3, 3))
     P = functools.reduce(operator.matmul, (lo.Dense(M) for M in Ms))
@@ -99,6 +102,7 @@ def test_a_product_chain_of_10000_near_identity_matrices_matches_numpy(rng):
     assert_close(jax.jit(lambda op, x: op @ x)(short, jnp.asarray(v)), functools.reduce(np.matmul, Ms[:40]) @ v)
 
 
+@pytest.mark.slow  # 2-5 s (10,000 nodes); the flat sum and the nesting limit stay in the default tier
 def test_10000_scalings_fold_into_one_scalar():
     A = lo.Dense(jnp.array([[1.0, 2.0], [3.0, 4.0]]))
     s, t = A, A
@@ -114,6 +118,7 @@ def test_10000_scalings_fold_into_one_scalar():
     assert "psd" in negated_twice.tags and negated_twice.op is G
 
 
+@pytest.mark.slow  # 2-5 s (10,000 nodes); the flat sum and the nesting limit stay in the default tier
 def test_simplify_merges_a_product_of_10000_diagonals(rng):
     ds = 1.0 + 1e-3 * rng.normal(size=(N, 4))
     P = functools.reduce(operator.matmul, (lo.Diagonal(d) for d in ds))

@@ -153,7 +153,8 @@ def test_cg_reports_breakdown_on_an_indefinite_operator_declared_psd():
     assert not bool(sol.converged)
 
 
-@pytest.mark.parametrize("scale", [1.0, 1e3, 1e-3])
+@pytest.mark.parametrize("scale", [1.0, pytest.param(1e3, marks=pytest.mark.slow),
+                                   pytest.param(1e-3, marks=pytest.mark.slow)])  # 3 s each
 def test_cg_in_float32_at_n_1e5(scale):
     """lineax's CG stalls or diverges on this problem in float32; the normalised CG converges."""
     n, k = 100_000, 20

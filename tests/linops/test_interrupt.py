@@ -67,7 +67,7 @@ print("AFTER", float(jnp.sum(jnp.ones(3))))   # the process goes on working
 """
 
 
-@pytest.mark.parametrize("case", ["program", "projection"])
+@pytest.mark.parametrize("case", ["program", pytest.param("projection", marks=pytest.mark.slow)])  # 7 s
 def test_ctrl_c_stops_a_running_program_with_keyboard_interrupt(case):
     body = PROGRAM if case == "program" else PROJECTION
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(PREAMBLE + body)], capture_output=True, text=True,

@@ -105,8 +105,9 @@ def _conv_model(groups):
     return (lambda p, x: p[1](jnp.tanh(p[0](x)).reshape(-1))), (conv, head)
 
 
-@pytest.mark.parametrize("approximation", ["expand", "reduce"])
-@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize(("groups", "approximation"), [(1, "expand"), (2, "reduce"),  # 3 s each
+                                                       pytest.param(2, "expand", marks=pytest.mark.slow),
+                                                       pytest.param(1, "reduce", marks=pytest.mark.slow)])
 def test_conv_factors_match_their_definition_from_explicit_patches(groups, approximation):
     fn, params = _conv_model(groups)
     conv, head = params

@@ -67,7 +67,7 @@ def _dense_algorithm2(params, X, Y, C, kernel, likelihood, L, rtol):
     return S[:, k:] @ S[:, k:].T, k
 
 
-@pytest.mark.parametrize("rank", [12, 8])
+@pytest.mark.parametrize("rank", [12, pytest.param(8, marks=pytest.mark.slow)])
 def test_matches_a_dense_implementation_of_algorithm_2(rank):
     """rank = n_C: the exact K^-1 (Lanczos on a well-conditioned Gram spans everything);
     rank 8: an incomplete Krylov space, where the variance truncation has work to do."""
@@ -136,7 +136,8 @@ def _relative_singular_values_of_m(params, C, kernel):
 _F32_VARIANCE_RESOLUTION = 2 * float(np.finfo(np.float32).eps) / 1e-6
 
 
-@pytest.mark.parametrize("num_context,kernel", [(30, Matern52(0.6)), (300, RBF(0.3))])
+@pytest.mark.parametrize("num_context,kernel", [(30, Matern52(0.6)),
+                                                (pytest.param(300, RBF(0.3), marks=pytest.mark.slow))])  # 4 s
 def test_float32_keeps_the_directions_float64_keeps_and_agrees_on_the_variances(num_context, kernel):
     """The default cut-off (1e-6 in both dtypes) keeps in float32 every direction float64 keeps clearly above it
     (a dropped direction gets zero variance), the variances agree to float32's resolution at the cut-off, and the

@@ -568,6 +568,7 @@ def test_a_progress_bar_never_stops_the_computation_it_reports_on(stream, monkey
     assert float(tuned.prior_precision) == float(tuned_quiet.prior_precision)
 
 
+@pytest.mark.slow  # 4 s
 def test_low_rank_fsp_and_gp_fits_show_progress_bars(capsys, monkeypatch):
     """The low-rank fit's bar counts Lanczos steps and ends at the steps run; FSP-Laplace's its four stages;
     fit_gp's Adam's steps, SWAG's SGD steps, the subnetwork GGN's batches; progress=False silences each."""

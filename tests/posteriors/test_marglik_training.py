@@ -194,6 +194,7 @@ def test_a_predictive_far_flatter_than_the_network_on_the_training_data_is_said(
                              optimizer=optax.adam(2e-2), every=50, progress=False)
 
 
+@pytest.mark.slow  # 6 s
 def test_evidence_tuning_says_when_its_predictive_is_far_flatter_than_the_network_on_the_data_checked():
     """Issue 39 item 2: `optimize_prior_precision(post, check=(X, y))` compares the evidence-tuned predictive with
     the network on the training data and warns when it explains them far worse (it was silent: a trained CNN's

@@ -80,7 +80,7 @@ def test_a_projected_posteriors_predictive_comes_from_its_linearised_samples():
 
 # The ResNet and the ViT (about 100 s each on 2 cores) run in the slow tier, to keep the default suite under
 # its 10 minutes; LeNet-5 and the Flax CNN run in both.
-ARCHITECTURES = [pytest.param("lenet5", {}, 12, id="lenet5"),
+ARCHITECTURES = [pytest.param("lenet5", {}, 12, id="lenet5", marks=pytest.mark.slow),  # 11 s; nnx_cnn: a CNN too
                  pytest.param("resnet", {"norm": "batch"}, 8, id="resnet", marks=pytest.mark.slow),
                  pytest.param("vit", {}, 8, id="vit", marks=pytest.mark.slow),
                  pytest.param("nnx_cnn", {}, 8, id="nnx_cnn")]
