@@ -17,6 +17,7 @@ behaviour before issue 38, estimated from its parts; writes ``projected_cnn.{jso
 Run:  python benchmarks/projected.py            # full run (about 3-4 minutes on 2 cores)
       python benchmarks/projected.py --quick    # smoke run (seconds; small models)
       python benchmarks/projected.py --cnn      # (f) only (about 20 minutes)
+      python benchmarks/projected.py --lenet    # (h) only: LeNet-5 on 3,600 digits (writes projected_lenet.*)
 """
 
 from __future__ import annotations
@@ -554,6 +555,31 @@ def cnn_problem(quick):
     return fn, params, (X[:n_train], y[:n_train]), X[:n_fit], test, y[n_train:n_train + n_test], record
 
 
+def lenet_problem(quick):
+    """The ``projected`` reproduction's LeNet-5 and data (`python -m posteriors projected`): 3,600 training digits
+    (``--quick`` here: a 12 x 12 LeNet on 40 random images), trained as the reproduction trains it (Adam 1e-3, 3,000
+    steps, batch 128, prior precision 1); the same tuple as `cnn_problem`, the fit on every training digit."""
+    from posteriors.experiments.architectures import lenet5
+    from posteriors.experiments.classification import Config, build_model, prepare
+    from posteriors.experiments.training import train_map
+
+    if quick:
+        images = jax.random.uniform(jax.random.key(0), (100, 1, 12, 12), jnp.float32)
+        labels = jax.random.randint(jax.random.key(1), (100,), 0, 10)
+        fn, params = lenet5(jax.random.key(2), size="small", dtype=jnp.float32)
+        (X, y), test, y_test, steps = (images[:40], labels[:40]), images[40:], labels[40:], 50
+    else:
+        cfg = Config(dataset="mnist", architecture="lenet5", in_classes=tuple(range(10)), learning_rate=1e-3,
+                     steps=3000, validation_fraction=0.1)
+        d = prepare(cfg)
+        (X, y), (test, y_test) = d["train"], d["test"]
+        fn, params = build_model(cfg, d["side"], 10, jax.random.key(cfg.seed + 1))
+        steps = cfg.steps
+    params, record = train_map(fn, params, X, y, Categorical(), 1.0, steps=steps, learning_rate=1e-3,
+                               key=jax.random.key(2), batch_size=128)  # the reproduction's key (seed + 2)
+    return fn, params, (X, y), X, test, y_test, record
+
+
 def _cnn_job(task, rec):
     """One configuration in a fresh process: the fit, then the predictive on the test digits, each timed with
     its peak memory; the MAP's probabilities for lemma 3.1's check."""
@@ -562,7 +588,8 @@ def _cnn_job(task, rec):
 
     import posteriors as pst
 
-    fn, params, train, X_fit, X_test, y_test, record = cnn_problem(task["quick"])
+    problem = lenet_problem if task.get("model") == "lenet" else cnn_problem
+    fn, params, train, X_fit, X_test, y_test, record = problem(task["quick"])
     P = ravel(params)[0].size
     map_probs = jax.nn.softmax(jax.vmap(fn, in_axes=(None, 0))(params, X_test), axis=-1)
     rec("model", {"params": int(P), "train_accuracy_steps": record.get("steps"), "fit_examples": X_fit.shape[0],
@@ -762,6 +789,57 @@ def run_cnn(quick, log, budget_s):
             "note": "the after run's sweep count for both 100-vector projections (the fit's probes, the "
                     "predictive's fresh samples); a lower bound: 100 columns run until their slowest converges"}
     return out
+
+TODAY_LENET = {"source": "docs/results/projected.json (python -m posteriors projected, 2026-11-27)", "fit_s": 2692.39,
+               "sweeps": 291, "alpha": 226.55, "trace": 30354.3, "trace_stderr": 49.3, "probes": 30,
+               "batch_size": 16, "kernel_residual": 4.16e-3, "params": 61706}
+"""The reproduction's record of the projected posterior on the same LeNet-5 and digits: 30 probes (also its 30
+predictive samples, ``trace_rtol=None``), batches of 16 digits, at most 1,000 CG steps."""
+
+
+def run_lenet(quick, log, budget_s):
+    import _processes as procs
+
+    log("(h) LeNet-5 on the reproduction's 3,600 digits: the defaults, batches of 50")
+    return {"after": procs.in_child(_cnn_job, dict(quick=quick, model="lenet", batch_size=10 if quick else 50,
+                                                   fit={}, fresh=0), budget_s, log),
+            "today": TODAY_LENET}
+
+
+def lenet_markdown(report):
+    res = report["result"]
+    a, t = res["after"], res["today"]
+    f, p, model = a.get("fit", {}), a.get("predictive", {}), a.get("model", {})
+    nan = float("nan")
+    total = f.get("s", nan) + p.get("s", nan)
+    peak = max(f.get("process_peak_bytes") or 0, p.get("process_peak_bytes") or 0)
+    t_rel = 100 * t["trace_stderr"] / (t["params"] - t["trace"])  # of the rank r = P - Tr(Pi), so of alpha*
+    rows = [("the reproduction's record (30 probes, batches of 16)", f"{t['fit_s']:.0f}", "-", "-",
+             f"{t['probes']}", t["sweeps"], f"{t['alpha']:.5g} ± {t_rel:.2f}%",
+             f"{t['kernel_residual']:.1e}", "-"),
+            ("the defaults (measured)", H.s(f.get("s")), H.s(p.get("s")), H.mb(peak, 0), f.get("probes", "-"),
+             f.get("sweeps", "-"), f"{f.get('alpha', nan):.5g} ± {100 * f.get('alpha_relative_stderr', nan):.2f}%",
+             f"{f.get('kernel_residual', nan):.1e}",
+             f"{p.get('max_abs_diff_vs_map_on_fit_inputs', nan):.1e} / {p.get('max_abs_diff_vs_map', nan):.1e}")]
+    lines = H.head("The projected posterior of LeNet-5 on the reproduction's 3,600 digits (issue 38)",
+                   dict(report, benchmark="projected"))
+    lines += [
+        f"LeNet-5 ({model.get('params', 0):,} float32 parameters) trained as `python -m posteriors projected` "
+        f"trains it (the same digits, seed and keys: Adam 1e-3, 3,000 steps, batch 128, prior precision 1; MAP test "
+        f"accuracy {model.get('map_test_accuracy', nan):.3f}), then `pst.projected_posterior(fn, params, X, "
+        f"batch_size=50, prior_precision=\"optimal\", key=...)` on all {model.get('fit_examples', 0):,} training "
+        f"digits at the library's defaults (storage: {f.get('storage', '-')}; blocks of 10 probes until α\\*'s "
+        f"relative standard error is at most 2%) and `pst.predictive.classification(post, X_test)` on "
+        f"{model.get('test_examples', 0):,} test digits (the fit's projected probes), in a fresh process, "
+        "compilation included; peak = the process's peak resident memory. The reproduction's record is its "
+        "projected posterior's fit: 30 probes projected together (its predictive's samples too), batches of 16.",
+        *H.table(("configuration", "fit s", "predictive s", "peak MB", "probes", "sweeps", "α* ± rel. s.e.",
+                  "kernel residual", "max abs(p − p_MAP): fit inputs / test digits"), rows, "lrrrrrrrr"),
+        f"Fit + predictive: **{total:.0f} s** (goal ≤ 600 s: {'met' if total <= 600 else 'missed'}); "
+        f"{total / t['fit_s']:.2f} of the reproduction's fit alone. Sweeps: {f.get('sweeps', '-')} against "
+        f"{t['sweeps']}.",
+    ]
+    return H.render(lines + H.machine(report))
 
 # --- (g) fewer sweeps? the kernel projection's iteration against a float64 dense reference (issue 38 item 3) -------
 
@@ -1002,8 +1080,15 @@ def main(argv=None):
                                                    "before and after issue 38 (writes projected_cnn.json/.md)"),
                 cnn_storage=(bool, "only (f'): that CNN's fit with its rows in float32 and in float16 "
                                    "(writes projected_cnn_storage.json/.md)"),
+                lenet=(bool, "only (h): the projected posterior of the reproduction's LeNet-5 on its 3,600 digits "
+                             "(writes projected_lenet.json/.md)"),
                 iterations=(bool, "only (g): the kernel projection's iteration against a float64 dense reference "
                                   "(writes projected_iterations.json/.md)"))
+    if run.args.lenet:
+        run.name = "projected_lenet"
+        result = run_lenet(run.quick, run.log, budget_s=120 if run.quick else 3600)
+        run.write({"config": {"quick": run.quick, "goals": {"total_s": 600}}, "result": result}, lenet_markdown)
+        return
     if run.args.iterations:
         run.name = "projected_iterations"
         result = run_iterations(run.quick, run.log, budget_s=120 if run.quick else 2400)

@@ -63,7 +63,8 @@ def _dense_mc_fisher(fn, params, X, targets, mc):
     return M
 
 
-@pytest.mark.parametrize(("model", "name"), [("mlp", "gaussian"), ("cnn", "categorical"), ("cnn", "bernoulli")])
+@pytest.mark.parametrize(("model", "name"), [("mlp", "gaussian"), ("cnn", "categorical"),
+                                             pytest.param("cnn", "bernoulli", marks=pytest.mark.slow)])
 def test_empirical_fisher_is_the_outer_product_of_the_per_example_gradients(name, model):
     fn, params, X = _mlp() if model == "mlp" else _cnn()
     lik, targets = _TARGETS[name]

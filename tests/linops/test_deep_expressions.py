@@ -25,6 +25,7 @@ def rng():
     return np.random.default_rng(0)
 
 
+@pytest.mark.slow  # 5 s (10,000 nodes); the nesting limit stays in the default tier
 def test_python_sum_of_10000_dense_operators_is_one_flat_sum(rng):
     Ms = rng.normal(size=(N, 3, 3))
     S = sum(lo.Dense(M) for M in Ms)  # starts from 0: `0 + A` is A

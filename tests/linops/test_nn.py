@@ -334,7 +334,7 @@ def test_swapping_params_with_tree_at_reuses_the_compiled_product():
     assert len(traces) == 1
 
 
-@pytest.mark.parametrize("budget", [1, 2 * 62, 10**9])
+@pytest.mark.parametrize("budget", [1, pytest.param(2 * 62, marks=pytest.mark.slow), 10**9])
 def test_ggn_diagonal_in_blocks_of_outputs_equals_the_dense_one(monkeypatch, budget):
     """With many outputs the diagonal takes the rows A_n J_n a block of outputs at a time (budget 1: one row
     per block; 2 x 62: two rows, so the last of 7 outputs is a padded block). Each equals diag of the dense GGN."""

@@ -46,7 +46,7 @@ def _indices(post):
     return np.asarray(post.weights.indices)
 
 
-@pytest.mark.parametrize("selection", ["last_layer", "first_layer", "subnetwork"])
+@pytest.mark.parametrize("selection", ["last_layer", pytest.param("first_layer", marks=pytest.mark.slow), "subnetwork"])
 def test_each_structure_over_a_selection_is_its_block_of_the_dense_ggn(selection):
     fn, params, data = _problem()
     G, J = _dense_ggn(fn, params, *data)
