@@ -11,12 +11,15 @@ written by hand as references; (c) the stored factors' memory against the Jacobi
 sweep of 30 vectors on each batch's stored rows, linearisation, or recomputed forward pass. Agreement checks
 come before timing. (f), alone with ``--cnn``: the projected posterior of a 124,814-parameter CNN on 1,000 MNIST
 digits as a user calls it (fit with the optimal prior, then the predictive on 1,000 test digits), against the
-behaviour before issue 38, estimated from its parts; writes ``projected_cnn.{json,md}``. See
-``benchmarks/README.md``.
+behaviour before issue 38, estimated from its parts; writes ``projected_cnn.{json,md}``. ``--cnn-storage``
+(f'): that fit with float32 and float16 rows; ``--cnn-sweeps`` (f''): each storage's set-up, memory and sweep;
+``--iterations`` (g): other iterations against a float64 reference; ``--lenet`` (h): the reproduction's LeNet-5 on
+its 3,600 digits at the defaults. See ``benchmarks/README.md``.
 
 Run:  python benchmarks/projected.py            # full run (about 3-4 minutes on 2 cores)
       python benchmarks/projected.py --quick    # smoke run (seconds; small models)
       python benchmarks/projected.py --cnn      # (f) only (about 20 minutes)
+      python benchmarks/projected.py --cnn-sweeps  # (f'') only: each storage's sweep on that CNN
       python benchmarks/projected.py --lenet    # (h) only: LeNet-5 on 3,600 digits (writes projected_lenet.*)
 """
 
@@ -712,6 +715,74 @@ def run_cnn_storage(quick, log, budget_s):
     return out
 
 
+STORAGES = {"rows in float32 (the default here)": {"store_linearization": "rows"},
+            "rows in float16": {"store_linearization": "rows", "row_dtype": "float16"},
+            "linearisation (store_linearization=True)": {"store_linearization": True},
+            "nothing: the forward pass recomputed (False)": {"store_linearization": False}}
+
+
+def _cnn_sweep_job(task, rec):
+    """One storage of the CNN's projection in a fresh process: the set-up (first call) with its peak memory and the
+    bytes stored, then a projection of 10 vectors run for ``task["sweeps"]`` sweeps twice (the second compiled)."""
+    import _processes as procs
+
+    fn, params, _, X_fit, _, _, _ = cnn_problem(task["quick"])
+    meter = procs.PeakRSS()
+    def setup():
+        A = lo.AlternatingProjectionOp.from_jacobian(fn, params, X_fit, batch_size=task["batch_size"],
+                                                     max_sweeps=task["sweeps"], rtol=1e-30, **task["storage"])
+        jax.block_until_ready((A.W, jax.tree.leaves(A.stored)))  # the set-up's work, inside the timing
+        return A
+
+    A, setup_s, setup_peak = meter.call(setup, block=False)
+    stored = sum(x.nbytes for x in jax.tree.leaves(A.stored) if hasattr(x, "nbytes"))
+    rec("setup", {"s": setup_s, "peak_bytes": setup_peak, "stored_bytes": int(stored), "storage": A.storage})
+    eps = jax.random.normal(jax.random.key(4), (A.shape[0], 10), A.dtype)
+    out, first_s, _ = meter.call(lambda: A.project_samples(eps).value)
+    out, again_s, peak = meter.call(lambda: A.project_samples(eps))
+    sweeps = int(jnp.max(out.sweeps))
+    rec("projection_10", {"first_call_s": first_s, "s": again_s, "sweeps": sweeps, "per_sweep_s": again_s / sweeps,
+                          "peak_bytes": peak, "process_peak_bytes": procs.PeakRSS._field("VmHWM")})
+
+
+def run_cnn_sweeps(quick, log, budget_s):
+    """Each storage's set-up, memory and sweep time on the CNN of (f), in fresh processes one after the other."""
+    import _processes as procs
+
+    out = {}
+    for label, storage in STORAGES.items():
+        log(f"(f'') CNN sweeps: {label}")
+        out[label] = procs.in_child(_cnn_sweep_job, dict(quick=quick, batch_size=10 if quick else 50,
+                                                         sweeps=3 if quick else 4, storage=storage), budget_s, log)
+        log(f"    {json.dumps(out[label], default=str)}")
+    return out
+
+
+def cnn_sweeps_markdown(report):
+    runs = report["result"]
+    rows = []
+    base = runs.get(next(iter(STORAGES)), {}).get("projection_10", {}).get("per_sweep_s")
+    for label, r in runs.items():
+        st, pr = r.get("setup", {}), r.get("projection_10", {})
+        ratio = pr.get("per_sweep_s") / base if base and pr.get("per_sweep_s") else float("nan")
+        rows.append((label, st.get("storage", "-"), H.mb(st.get("stored_bytes") or 0, 0), H.s(st.get("s")),
+                     H.mb(st.get("peak_bytes") or 0, 0), H.s(pr.get("per_sweep_s")), f"{ratio:.2f}",
+                     H.mb(pr.get("process_peak_bytes") or 0, 0)))
+    lines = H.head("The projected posterior of a CNN: what each storage costs per sweep (issue 38)",
+                   dict(report, benchmark="projected"))
+    lines += [
+        "The CNN, fit digits and batches of `projected_cnn.md`; `lo.AlternatingProjectionOp.from_jacobian` with each "
+        "`store_linearization` (and `row_dtype`), each in a fresh process, one after the other: the set-up as "
+        "first called (compilation included) with the growth of resident memory during it and the bytes the "
+        "operator stores, then a projection of 10 vectors (the fit's block of probes) run for a fixed number of "
+        "sweeps, timed on its second call (compiled); process peak = the process's peak resident memory. A fit "
+        "takes about 120 such sweeps (`projected_cnn.md`).",
+        *H.table(("storage", "storage chosen", "stored MB", "set-up s", "set-up peak MB", "s per sweep (10 vectors)",
+                  "per sweep / rows in float32", "process peak MB"), rows, "llrrrrrr"),
+    ]
+    return H.render(lines + H.machine(report))
+
+
 def cnn_storage_markdown(report):
     runs = report["result"]
     nan = float("nan")
@@ -817,7 +888,8 @@ def lenet_markdown(report):
     rows = [("the reproduction's record (30 probes, batches of 16)", f"{t['fit_s']:.0f}", "-", "-",
              f"{t['probes']}", t["sweeps"], f"{t['alpha']:.5g} ± {t_rel:.2f}%",
              f"{t['kernel_residual']:.1e}", "-"),
-            ("the defaults (measured)", H.s(f.get("s")), H.s(p.get("s")), H.mb(peak, 0), f.get("probes", "-"),
+            ("the defaults (measured)", f"{f.get('s', nan):.0f}", f"{p.get('s', nan):.1f}", H.mb(peak, 0),
+             f.get("probes", "-"),
              f.get("sweeps", "-"), f"{f.get('alpha', nan):.5g} ± {100 * f.get('alpha_relative_stderr', nan):.2f}%",
              f"{f.get('kernel_residual', nan):.1e}",
              f"{p.get('max_abs_diff_vs_map_on_fit_inputs', nan):.1e} / {p.get('max_abs_diff_vs_map', nan):.1e}")]
@@ -1080,31 +1152,25 @@ def main(argv=None):
                                                    "before and after issue 38 (writes projected_cnn.json/.md)"),
                 cnn_storage=(bool, "only (f'): that CNN's fit with its rows in float32 and in float16 "
                                    "(writes projected_cnn_storage.json/.md)"),
+                cnn_sweeps=(bool, "only (f''): that CNN's set-up, memory and sweep time with each storage "
+                                  "(writes projected_cnn_sweeps.json/.md)"),
                 lenet=(bool, "only (h): the projected posterior of the reproduction's LeNet-5 on its 3,600 digits "
                              "(writes projected_lenet.json/.md)"),
                 iterations=(bool, "only (g): the kernel projection's iteration against a float64 dense reference "
                                   "(writes projected_iterations.json/.md)"))
-    if run.args.lenet:
-        run.name = "projected_lenet"
-        result = run_lenet(run.quick, run.log, budget_s=120 if run.quick else 3600)
-        run.write({"config": {"quick": run.quick, "goals": {"total_s": 600}}, "result": result}, lenet_markdown)
-        return
-    if run.args.iterations:
-        run.name = "projected_iterations"
-        result = run_iterations(run.quick, run.log, budget_s=120 if run.quick else 2400)
-        run.write({"config": {"quick": run.quick}, "result": result}, iterations_markdown)
-        return
-    if run.args.cnn_storage:
-        run.name = "projected_cnn_storage"
-        result = run_cnn_storage(run.quick, run.log, budget_s=120 if run.quick else 2400)
-        run.write({"config": {"quick": run.quick}, "result": result}, cnn_storage_markdown)
-        return
-    if run.args.cnn:
-        run.name = "projected_cnn"
-        result = run_cnn(run.quick, run.log, budget_s=120 if run.quick else 2400)
-        run.write({"config": {"quick": run.quick, "goals": {"total_s": 300, "peak_bytes": 3e9}}, "result": result},
-                  cnn_markdown)
-        return
+    # the modes that run alone: (flag, record name, runner, its budget in seconds, goals, markdown writer)
+    modes = (("cnn_sweeps", "projected_cnn_sweeps", run_cnn_sweeps, 1800, None, cnn_sweeps_markdown),
+             ("lenet", "projected_lenet", run_lenet, 3600, {"total_s": 600}, lenet_markdown),
+             ("iterations", "projected_iterations", run_iterations, 2400, None, iterations_markdown),
+             ("cnn_storage", "projected_cnn_storage", run_cnn_storage, 2400, None, cnn_storage_markdown),
+             ("cnn", "projected_cnn", run_cnn, 2400, {"total_s": 300, "peak_bytes": 3e9}, cnn_markdown))
+    for flag, name, runner, budget_s, goals, writer in modes:
+        if getattr(run.args, flag):
+            run.name = name
+            result = runner(run.quick, run.log, budget_s=120 if run.quick else budget_s)
+            config = {"quick": run.quick, **({"goals": goals} if goals else {})}
+            run.write({"config": config, "result": result}, writer)
+            return
     q, cfg = run.quick, config_for(run.quick)
     large = run_setup_and_sweep(cfg["large"], log=run.log, rounds_setup=1 if q else 2, sweep_timing={
         "max_rounds": 20 if q else 200, "min_rounds": 5 if q else 30, "budget_s": 1.0 if q else 15.0})
