@@ -760,13 +760,13 @@ def run_cnn_sweeps(quick, log, budget_s):
 
 def cnn_sweeps_markdown(report):
     runs = report["result"]
-    rows = []
+    rows, nan = [], float("nan")
     base = runs.get(next(iter(STORAGES)), {}).get("projection_10", {}).get("per_sweep_s")
     for label, r in runs.items():
         st, pr = r.get("setup", {}), r.get("projection_10", {})
         ratio = pr.get("per_sweep_s") / base if base and pr.get("per_sweep_s") else float("nan")
-        rows.append((label, st.get("storage", "-"), H.mb(st.get("stored_bytes") or 0, 0), H.s(st.get("s")),
-                     H.mb(st.get("peak_bytes") or 0, 0), H.s(pr.get("per_sweep_s")), f"{ratio:.2f}",
+        rows.append((label, st.get("storage", "-"), H.mb(st.get("stored_bytes") or 0, 0), f"{st.get('s', nan):.1f}",
+                     H.mb(st.get("peak_bytes") or 0, 0), f"{pr.get('per_sweep_s', nan):.2f}", f"{ratio:.2f}",
                      H.mb(pr.get("process_peak_bytes") or 0, 0)))
     lines = H.head("The projected posterior of a CNN: what each storage costs per sweep (issue 38)",
                    dict(report, benchmark="projected"))
