@@ -35,11 +35,17 @@ def check() -> None:
     if fd is None:
         return
     try:
-        data = os.read(fd, 512)
-    except (BlockingIOError, OSError):
-        data = b""
-    if signal.SIGINT in data:
+        try:
+            data = os.read(fd, 512)
+        except (BlockingIOError, OSError):
+            data = b""
+        if signal.SIGINT in data:
+            _SEEN[0] = True
+    except KeyboardInterrupt:
+        # On the main thread Python's own handler may run between the read, which took SIGINT's byte off the
+        # pipe, and the note above: the byte is gone, so this is the only record that Ctrl-C came.
         _SEEN[0] = True
+        raise
     if _SEEN[0]:
         raise Interrupted("interrupted by SIGINT (Ctrl-C)")
 

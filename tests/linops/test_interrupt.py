@@ -76,3 +76,34 @@ def test_ctrl_c_stops_a_running_program_with_keyboard_interrupt(case):
     assert "INTERRUPTED" in lines and "FINISHED" not in lines, out.stdout + out.stderr[-3000:]
     if case == "projection":
         assert "AFTER" in lines, out.stdout + out.stderr[-3000:]
+
+
+def test_ctrl_c_counts_when_pythons_handler_fires_inside_the_check(monkeypatch):
+    """The race CI met once: the check reads SIGINT's byte off the pipe, then Python's own handler raises
+    ``KeyboardInterrupt`` before the byte is noted. The call must still end as interrupted (not as a runtime
+    error out of its callback)."""
+    import os
+
+    from linops.runtime import _interrupt
+
+    read, write = os.pipe()
+    try:
+        monkeypatch.setattr(_interrupt, "_PIPE", [read])
+        monkeypatch.setattr(_interrupt, "_SEEN", [False])
+
+        real_read = os.read
+
+        def read_then_interrupted(fd, n):
+            real_read(fd, n)  # the byte leaves the pipe ...
+            raise KeyboardInterrupt  # ... and the handler runs before check() sees it
+
+        os.write(write, bytes([2]))  # SIGINT's number, as the C-level handler writes it
+        with monkeypatch.context() as m:
+            m.setattr(_interrupt.os, "read", read_then_interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                _interrupt.check()
+        os.set_blocking(read, False)
+        assert _interrupt.was_interrupted()
+    finally:
+        os.close(read)
+        os.close(write)
