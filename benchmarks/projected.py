@@ -626,6 +626,12 @@ def _cnn_job(task, rec):
         rec("predictive/mean_abs_diff_vs_map_on_fit_inputs", float(jnp.mean(jnp.abs(train_probs - train_map))))
 
 
+def _alpha_cell(fit, digits=5):
+    """A fit record's α* with its relative standard error, as the tables show it."""
+    nan = float("nan")
+    return f"{fit.get('alpha', nan):.{digits}g} ± {100 * fit.get('alpha_relative_stderr', nan):.2f}%"
+
+
 def cnn_markdown(report):
     res = report["result"]
     a, parts, est = res["after"], res["before_parts"], res.get("before_estimate", {})
@@ -640,7 +646,7 @@ def cnn_markdown(report):
              f"≥ {est.get('sweeps', '-')}", "-", "-"),
             ("after (measured)", f"{f.get('s', nan):.0f}", f"{p.get('s', nan):.1f}", f"{after_total:.0f}",
              H.mb(peak, 0), f"{f.get('probes', '-')} / {p.get('samples', '-')}", f.get("sweeps", "-"),
-             f"{f.get('alpha', nan):.4g} ± {100 * f.get('alpha_relative_stderr', nan):.2f}%",
+             _alpha_cell(f, 4),
              f"{p.get('max_abs_diff_vs_map_on_fit_inputs', nan):.1e} / {p.get('max_abs_diff_vs_map', nan):.1e}")]
     title = "The projected posterior of a CNN, as a user calls it (issue 38)"
     lines = H.head(title, dict(report, benchmark="projected"))
@@ -793,7 +799,7 @@ def cnn_storage_markdown(report):
         peak = max(f.get("process_peak_bytes") or 0, p.get("process_peak_bytes") or 0)
         rows.append((label, H.s(f.get("s")), H.s(p.get("s")), H.mb(f.get("peak_bytes") or 0, 0), H.mb(peak, 0),
                      f.get("sweeps", "-"),
-                     f"{f.get('alpha', nan):.5g} ± {100 * f.get('alpha_relative_stderr', nan):.2f}%",
+                     _alpha_cell(f),
                      f"{f.get('rank', nan):,.1f}", f"{f.get('kernel_residual', nan):.2e}",
                      f"{p.get('max_abs_diff_vs_map_on_fit_inputs', nan):.2e}"))
     lines = H.head("The projected posterior of a CNN: its rows in float32 and in float16 (issue 38)",
@@ -890,7 +896,7 @@ def lenet_markdown(report):
              f"{t['kernel_residual']:.1e}", "-"),
             ("the defaults (measured)", f"{f.get('s', nan):.0f}", f"{p.get('s', nan):.1f}", H.mb(peak, 0),
              f.get("probes", "-"),
-             f.get("sweeps", "-"), f"{f.get('alpha', nan):.5g} ± {100 * f.get('alpha_relative_stderr', nan):.2f}%",
+             f.get("sweeps", "-"), _alpha_cell(f),
              f"{f.get('kernel_residual', nan):.1e}",
              f"{p.get('max_abs_diff_vs_map_on_fit_inputs', nan):.1e} / {p.get('max_abs_diff_vs_map', nan):.1e}")]
     lines = H.head("The projected posterior of LeNet-5 on the reproduction's 3,600 digits (issue 38)",
