@@ -78,7 +78,7 @@ def test_empirical_fisher_is_the_outer_product_of_the_per_example_gradients(name
     assert_close(G @ v, EF @ v, rtol=1e-10)
 
 
-@pytest.mark.parametrize("name", ["categorical", "gaussian"])
+@pytest.mark.parametrize("name", ["categorical", pytest.param("gaussian", marks=pytest.mark.slow)])
 def test_monte_carlo_fisher_is_the_average_outer_product_at_the_drawn_targets(name):
     fn, params, X = _cnn()
     lik, targets = _TARGETS[name]

@@ -105,7 +105,8 @@ def _conv_model(groups):
     return (lambda p, x: p[1](jnp.tanh(p[0](x)).reshape(-1))), (conv, head)
 
 
-@pytest.mark.parametrize(("groups", "approximation"), [(1, "expand"), (2, "reduce"),  # 3 s each
+@pytest.mark.parametrize(("groups", "approximation"), [(1, "expand"),  # 3 s each
+                                                       pytest.param(2, "reduce", marks=pytest.mark.slow),
                                                        pytest.param(2, "expand", marks=pytest.mark.slow),
                                                        pytest.param(1, "reduce", marks=pytest.mark.slow)])
 def test_conv_factors_match_their_definition_from_explicit_patches(groups, approximation):

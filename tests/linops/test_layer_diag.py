@@ -109,7 +109,8 @@ def _dense_diagonal(name):
     return np.diag(np.asarray(lo.GGNOp(fn, params, X, Y, lik).as_matrix()))
 
 
-@pytest.mark.parametrize("budget", [None, 1, pytest.param(150, marks=pytest.mark.slow)])  # 150: between the two
+@pytest.mark.parametrize("budget", [None, pytest.param(1, marks=pytest.mark.slow),  # the blocked paths: slow tier
+                                    pytest.param(150, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_layer_rules_give_the_dense_ggn_diagonal(name, budget, monkeypatch):
     """Budget 1: one row of the Hessian factor per block and one example per batch; 150: blocks of a few rows

@@ -64,7 +64,8 @@ def _mlp(outputs, seed=0):
     return from_equinox(eqx.nn.MLP(4, outputs, 12, 2, activation=jnp.tanh, key=jax.random.key(seed)))
 
 
-@pytest.mark.parametrize(("structure", "prior_structure"), [("kfac", "layerwise"), ("diag", "diag"),
+@pytest.mark.parametrize(("structure", "prior_structure"), [("kfac", "layerwise"),
+                                                            pytest.param("diag", "diag", marks=pytest.mark.slow),
                                                             ("full", "scalar")])
 def test_the_posterior_is_tuned_at_the_returned_weights_under_the_learnt_prior(structure, prior_structure):
     X = jax.random.normal(jax.random.key(3), (48, 4))
