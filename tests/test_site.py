@@ -1,6 +1,7 @@
 """The built documentation site as a reader meets it: every docstring example of the API reference is
-highlighted code (not prose), the math renderer is served with the site (it reads offline), and code
-blocks carry a copy button. Builds the site with mkdocs; skipped where the docs extra is not installed
+highlighted code (not prose), the math renderer is served with the site (it reads offline), code
+blocks carry a copy button, no text is lost to Markdown's traps (brace groups, lists after nested
+blocks), every figure opens at full size, and (in headless Chromium) every column shows at 1280 px. Builds the site with mkdocs; skipped where the docs extra is not installed
 (CI installs it and runs this file after the build)."""
 
 import html.parser
@@ -101,3 +102,130 @@ def test_math_renders_offline(site):
     mathjax = (site / "javascripts" / "mathjax" / "tex-svg-full.js").resolve()
     assert mathjax in loaded and mathjax.stat().st_size > 500_000
     assert 'class="arithmatex"' in (site / "methods" / "laplace" / "index.html").read_text()
+
+
+# --- what a reader of the results meets: nothing lost to Markdown, figures at full size, every column shown ---
+
+
+def _page_of(site, source):
+    """The built page of a ``docs/`` source file."""
+    rel = source.relative_to(ROOT / "docs").with_suffix("")
+    return site / ("" if rel.name == "index" and rel.parent == Path(".") else str(rel)) / "index.html"
+
+
+def _prose(markdown):
+    """``markdown`` without code (fenced, indented, inline), math and HTML comments."""
+    text = re.sub(r"^(```|~~~).*?^\1", "", markdown, flags=re.S | re.M)
+    text = re.sub(r"^(?: {4}|\t).*$", "", text, flags=re.M)  # indented code (and deeply nested list text)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    text = re.sub(r"\$\$.*?\$\$|\$[^$\n]*\$|\\\(.*?\\\)", "", text, flags=re.S)
+    return re.sub(r"<!--.*?-->", "", text, flags=re.S)
+
+
+def _visible_text(html):
+    return __import__("html").unescape(re.sub(r"<[^>]+>", "", html))
+
+
+def test_no_braces_are_eaten_by_attribute_lists(site):
+    """A ``{...}`` of a page's prose shows on the built page. ``attr_list`` takes a brace group that ends a block
+    (a table cell, a paragraph) as the block's attributes and drops it: "grid search over {0.1, 1, 5}" rendered as
+    "grid search over". Escaping the braces (``\\{...\\}``) keeps them. Groups written as attributes (``{#id}``,
+    ``{.class}``, ``{key=value}``) are skipped."""
+    lost, checked = [], 0
+    for source in sorted((ROOT / "docs").rglob("*.md")):
+        built = _page_of(site, source)
+        if not built.exists():
+            continue
+        shown = re.sub(r"\s+", " ", _visible_text(built.read_text()))
+        for group in re.findall(r"\\?\{[^{}\n]*?\\?\}", _prose(source.read_text())):
+            text = re.sub(r"\s+", " ", group.replace("\\{", "{").replace("\\}", "}"))
+            if re.fullmatch(r"\{:?\s*([#.][\w-]+|\w+=\S+)(\s+([#.][\w-]+|\w+=\S+))*\s*\}", text):
+                continue  # meant as attributes (an anchor such as {#costs}, a class)
+            checked += 1
+            if text not in shown:
+                lost.append(f"{source.relative_to(ROOT)}: {text}")
+    assert checked > 0
+    assert not lost, f"brace groups missing from the built pages: {lost}"
+
+
+def test_list_items_after_a_nested_block_stay_list_items(site):
+    """No bullet renders as running text. A list item's nested table or paragraph indented by two spaces (Python-
+    Markdown wants four) ends the list: the following items became one paragraph with literal "- **" in it."""
+    bad = []
+    for page in sorted(site.rglob("index.html")):
+        text = re.sub(r"<pre.*?</pre>|<code.*?</code>|<script.*?</script>", "", page.read_text(), flags=re.S)
+        for paragraph in re.findall(r"<p>(.*?)</p>", text, flags=re.S):
+            if re.search(r"(^|\n)\s*[-*] (<strong>|\w)", paragraph):
+                bad.append(f"{page.relative_to(site).parent}: {_visible_text(paragraph)[:80]!r}")
+    assert not bad, f"list items rendered as running text: {bad}"
+
+
+def test_every_figure_opens_at_full_size(site):
+    """Every image of the content is a link to its own file (``docs/hooks/figures.py``), and every figure in
+    ``docs/figures`` (the results' and the notebooks') is shown on some page."""
+    shown = set()
+    for page in sorted(site.rglob("index.html")):
+        html = page.read_text()
+        content = html[html.find('<article'):html.find('</article>')]
+        for match in re.finditer(r"<img\b[^>]*>", content):
+            src = re.search(r'src="([^"]+)"', match[0])[1]
+            before = content[:match.start()]
+            assert before.rfind("<a ") > before.rfind("</a>"), f"{page.relative_to(site).parent}: {src} is not a link"
+            assert before[before.rfind("<a "):].startswith(f'<a class="figure-link" href="{src}"'), src
+            shown.add((page.parent / src).resolve().relative_to(site.resolve()).as_posix())
+    figures = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs" / "figures").rglob("*.png")}
+    assert not figures - shown, f"figures never shown: {sorted(figures - shown)}"
+
+
+def _chromium():
+    for path in ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"):
+        if Path(path).exists():
+            return path
+    return None
+
+
+_OVERFLOW = """() => {
+  const wide = [];
+  for (const w of document.querySelectorAll('.md-typeset__scrollwrap, .md-typeset__table'))
+    if (w.scrollWidth > w.clientWidth + 2) wide.push('table: ' + (w.innerText || '').slice(0, 50));
+  for (const c of document.querySelectorAll('.md-content pre > code'))
+    if (c.scrollWidth > c.clientWidth + 2) wide.push('code: ' + c.innerText.slice(0, 50));
+  return wide;
+}"""
+
+
+def test_every_column_and_code_line_shows_at_1280_px(site):
+    """In headless Chromium at 1280 x 900 px, no table and no code block of any page is wider than the content
+    column (nothing hides behind a horizontal scroll bar). Needs Chromium and ``playwright`` (skipped without:
+    ``apt-get install chromium``, ``pip install playwright``); ``.ci/run`` installs both where it can."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    browser_path = _chromium()
+    if browser_path is None:
+        pytest.skip("no Chromium on this machine (apt-get install chromium)")
+    import functools
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    pages = sorted(p.relative_to(site).parent.as_posix() for p in site.rglob("index.html"))
+    assert len(pages) > 30
+    wide = {}
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=browser_path, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                "--disable-sync"])
+            tab = browser.new_page(viewport={"width": 1280, "height": 900})
+            for page in pages:
+                tab.goto(f"http://127.0.0.1:{server.server_address[1]}/{'' if page == '.' else page + '/'}")
+                if found := tab.evaluate(_OVERFLOW):
+                    wide[page] = found
+            browser.close()
+    finally:
+        server.shutdown()
+    assert not wide, f"wider than the content column at 1280 px: {wide}"
