@@ -95,3 +95,24 @@ def test_fsp_on_the_papers_mauna_loa_protocol(tmp_path):
     # and its predictive standard deviation is within 15% (a relative 1e-6 cut-off on A halved it)
     assert info["float32"]["rank"] >= 0.8 * info["float64"]["rank"]
     assert abs(fsp["test_std_mean"] - fsp64["test_std_mean"]) < 0.15 * fsp64["test_std_mean"]
+
+
+def test_fsp_on_the_papers_tabular_regression_protocol(tmp_path):
+    """Table C.1 at ``--quick`` size (2 of the 5 folds, 1,000 steps; the early stopping ends every run before).
+    The orderings on Boston housing that also hold over all 5 folds (``docs/results.md``): FSP-Laplace's expected
+    log-likelihood is above the exact GP's (the paper: -0.641 against -1.136) and above evidence-tuned Laplace's.
+    Above the MAP's and validation-tuned Laplace's it is at this size only, not over 5 folds (the page's verdict:
+    not reproduced), so that is not asserted."""
+    out = _run(tmp_path, "fsp", "--parts", "uci")
+    table = json.loads((out / "fsp_uci.json").read_text())
+    rows, folds = table["rows"], table["meta"]["folds"]
+    methods = ("MAP", "Laplace", "Laplace, validation", "FSP-Laplace", "GP")
+    assert set(rows) == {f"{d}: {m}" for d in ("boston", "diabetes") for m in methods}
+    for name, n in (("boston", 506), ("diabetes", 442)):
+        assert len(folds[name]) == 2
+        for fold in folds[name]:
+            assert fold["n_fit"] + fold["n_val"] + fold["n_test"] == n
+            assert abs(fold["n_val"] - 0.1 * (fold["n_fit"] + fold["n_val"])) <= 1  # 10% of the training fold
+    ell = {m: rows[f"boston: {m}"]["ell_mean"] for m in methods}
+    assert ell["FSP-Laplace"] > ell["GP"] and ell["FSP-Laplace"] > ell["Laplace"], ell
+    assert rows["boston: FSP-Laplace"]["paper"] == "-0.641 ± 0.084"

@@ -1,8 +1,9 @@
 """The built documentation site as a reader meets it: every docstring example of the API reference is
 highlighted code (not prose), the math renderer is served with the site (it reads offline), code
 blocks carry a copy button, no text is lost to Markdown's traps (brace groups, lists after nested
-blocks), every figure opens at full size, and (in headless Chromium) every column shows at 1280 px. Builds the site with mkdocs; skipped where the docs extra is not installed
-(CI installs it and runs this file after the build)."""
+blocks), every figure opens at full size, and (in headless Chromium) every column shows at 1280 px.
+Builds the site with mkdocs; skipped where the docs extra is not installed (CI installs it and runs this
+file after the build)."""
 
 import html.parser
 import json

@@ -30,7 +30,8 @@ COMMANDS = {
     "projected": "the projected-Bayes paper's tables 2-3 and figure 6 on its protocol: LeNet-5 on MNIST digits",
     "inbetween": "in-between uncertainty on a 1-D toy regression (projected-Bayes figure 4)",
     "subnetwork": "subnetwork inference: toy regression and rotated digits (figures 2 and 4)",
-    "fsp": "FSP-Laplace: toy regression, two moons, Mauna Loa CO2 (figure 1, C.5-C.6, table 1)",
+    "fsp": "FSP-Laplace: toy regression, two moons, Mauna Loa CO2, UCI-style regression (figure 1, C.5-C.6, tables 1, "
+           "C.1)",
 }
 """The commands of ``python -m posteriors``, with a line on what each reproduces."""
 
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--methods", help=f"comma-separated methods, from: {', '.join(known)} (default: "
                                              f"{'all' if chosen == known else ', '.join(chosen)})")
         if name == "fsp":
-            p.add_argument("--parts", default="regression,two_moons,maunaloa",
+            p.add_argument("--parts", default="regression,two_moons,maunaloa,uci",
                            help="comma-separated parts (default: %(default)s)")
     _common_options(parser)
     parser.add_argument("--dataset", choices=["digits", "mnist"], default=None, help=argparse.SUPPRESS)
@@ -168,7 +169,7 @@ def _inbetween_config(args):
 
 
 def _parts(text):
-    known = ("regression", "two_moons", "maunaloa")
+    known = ("regression", "two_moons", "maunaloa", "uci")
     parts = tuple(p.strip() for p in text.split(",") if p.strip())
     bad = [p for p in parts if p not in known]
     if bad or not parts:
@@ -186,7 +187,7 @@ def main(argv=None) -> int:
         >>> main(["fsp", "--parts", "sine"])
         Traceback (most recent call last):
         ...
-        SystemExit: python -m posteriors fsp: unknown part(s) ['sine']; choose from regression, two_moons, maunaloa
+        SystemExit: python -m posteriors fsp: unknown part(s) ['sine']; choose from regression, two_moons, maunaloa, uci
     """
     args = build_parser().parse_args(argv)
     command = args.command or "demo"

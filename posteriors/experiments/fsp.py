@@ -11,6 +11,7 @@ prior's smoothness, roughness or periodicity.
   priors (lengthscale 1, variance 1), a 10 x 10 grid of context points over [-3.75, 3.75]^2.
 
 - Mauna Loa CO2 (table 1): `maunaloa`.
+- Tabular regression (table C.1): `posteriors.experiments.uci` (the part ``uci``).
 
 Writes ``fsp_regression.png``, ``fsp_two_moons.png``, ``fsp_maunaloa.png``, ``fsp_maunaloa.{json,md}``
 and ``fsp_summary.json`` to ``--out``. Run with ``python -m posteriors fsp`` (the ``examples``
@@ -323,13 +324,16 @@ def _fsp_info(post) -> dict:
             "lanczos_steps": int(post.info.lanczos_steps), "max_variance_ratio": float(post.info.max_variance_ratio)}
 
 
-def run(out, quick, log, *, parts=("regression", "two_moons", "maunaloa")):
+def run(out, quick, log, *, parts=("regression", "two_moons", "maunaloa", "uci")):
     """The FSP experiments named in ``parts``; writes their figures, tables and ``fsp_summary.json``."""
     import json
 
     out.mkdir(parents=True, exist_ok=True)
     summary = {"quick": quick}
+    from posteriors.experiments import uci
+
     for part in parts:
-        summary[part] = {"regression": regression, "two_moons": two_moons, "maunaloa": maunaloa}[part](out, quick, log)
+        summary[part] = {"regression": regression, "two_moons": two_moons, "maunaloa": maunaloa,
+                         "uci": uci.run}[part](out, quick, log)
     (out / "fsp_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary

@@ -166,10 +166,16 @@ def _summary(s, s_full, gap, on_data, size) -> dict:
 def _toy_figure(plt, out, X, Y, grid, fn, params, curves):
     mean = np.asarray(jax.vmap(fn, in_axes=(None, 0))(params, grid)[:, 0])
     g = np.asarray(grid[:, 0])
-    order = ([f"{r} {f:.0%}" for r in RULES for f in FRACTIONS]
-             + ["Full cov", "Diag", "Final layer", "MAP"])
-    fig, axes = plt.subplots(4, 4, figsize=(16, 12), sharex=True, sharey=True)
-    for ax, name in zip(axes.reshape(-1), order, strict=False):
+    # one row per rule, one column per fraction, and the references in a last column: no row wraps onto the next
+    references = ["Full cov", "Diag", "Final layer", "MAP"]
+    rows = max(len(RULES), len(references))
+    fig, axes = plt.subplots(rows, len(FRACTIONS) + 1, figsize=(4 * (len(FRACTIONS) + 1), 3 * rows), sharex=True,
+                             sharey=True)
+    panels = [(axes[i, j], f"{r} {f:.0%}") for i, r in enumerate(RULES) for j, f in enumerate(FRACTIONS)]
+    panels += [(axes[i, -1], name) for i, name in enumerate(references)]
+    for ax in axes.reshape(-1):
+        ax.set_visible(any(ax is a for a, _ in panels))
+    for ax, name in panels:
         std = np.zeros_like(mean) if name == "MAP" else curves[name]
         ax.fill_between(g, mean - 2 * std, mean + 2 * std, color="tab:blue", alpha=0.25, label="mean ± 2 std")
         if name not in ("MAP", "Full cov"):
@@ -185,8 +191,9 @@ def _toy_figure(plt, out, X, Y, grid, fn, params, curves):
     for ax in axes[:, 0]:
         ax.set_ylabel("y")
     axes[0, 0].legend(fontsize=7, loc="lower left")
-    fig.suptitle("Linearised predictive over the weights (rows: the Wasserstein rule, among data-constrained weights, "
-                 "by predictive effect, random; columns: 50%, 3%, 1% of the weights; grey: the gap)")
+    fig.suptitle("Linearised predictive over the weights\n(rows: the Wasserstein rule, among data-constrained weights, "
+                 f"by predictive effect, random; columns: {', '.join(f'{f:.0%}' for f in FRACTIONS)} of the weights, "
+                 "then the references; grey: the gap)")
     fig.tight_layout()
     fig.savefig(out / "subnetwork_regression.png", dpi=100)
     plt.close(fig)
