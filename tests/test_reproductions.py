@@ -34,8 +34,11 @@ def test_projected_on_the_papers_protocol(tmp_path):
     out = _run(tmp_path, "projected")
     table = json.loads((out / "projected.json").read_text())
     rows, meta = table["rows"], table["meta"]
-    assert list(rows) == ["MAP", "Projected", "Loss-projected", "SWAG", "Last-layer Laplace", "Diagonal Laplace",
-                          "Deep ensemble"]
+    paper = " (paper's α = ‖θ‖²/r)"  # the same draws at the paper's equation 9 precision, 1 / alpha*
+    assert list(rows) == ["MAP", "Projected", "Projected" + paper, "Loss-projected", "Loss-projected" + paper, "SWAG",
+                          "Last-layer Laplace", "Diagonal Laplace", "Deep ensemble"]
+    for label in ("Projected", "Loss-projected"):
+        assert abs(rows[label + paper]["prior_precision"] * rows[label]["prior_precision"] - 1.0) < 1e-4
     assert meta["num_params"] == 61706  # the classic LeNet-5
     config, info = meta["config"], meta["posteriors"]
     assert config["prior_grid"] == [0.1, 1.0, 5.0, 10.0, 50.0, 100.0] and config["num_samples"] == 30

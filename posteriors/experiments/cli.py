@@ -136,7 +136,7 @@ def _classification_config(args, command):
         cfg = dataclasses.replace(cfg, architecture=architecture, in_classes=_classes(args.in_classes, command),
                                   learning_rate=1e-3, steps=3000, num_samples=30, prior_grid=PAPER_PRIOR_GRID,
                                   validation_fraction=0.1, network_predictive=("diag", "last_layer", "swag"),
-                                  projection_batch=16, projection_sweeps=1000)
+                                  projection_batch=16, projection_sweeps=1000, paper_convention=True)
     elif dataset == "mnist":
         cfg = dataclasses.replace(cfg, width=64, batch_size=128, steps=4000, fsp_context=200)
     if args.quick:

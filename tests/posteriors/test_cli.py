@@ -109,7 +109,10 @@ def test_demo_table_figures_and_the_projected_claims(tmp_path):
 def test_projected_command(tmp_path):
     out = _run(tmp_path, "projected", "--dataset", "digits", "--methods", "map,diag,projected")
     rows = json.loads((out / "projected.json").read_text())["rows"]
-    assert list(rows) == ["MAP", "Diagonal Laplace", "Projected"]
+    paper = "Projected (paper's α = ‖θ‖²/r)"  # the same draws at the paper's equation 9 precision, 1 / alpha*
+    assert list(rows) == ["MAP", "Diagonal Laplace", "Projected", paper]
+    assert abs(rows[paper]["prior_precision"] * rows["Projected"]["prior_precision"] - 1.0) < 1e-4
+    assert rows[paper]["accuracy"] == pytest.approx(rows["Projected"]["accuracy"], abs=0.05)
     assert (out / "projected_rotation.png").stat().st_size > 0
 
 
