@@ -1,6 +1,7 @@
 r"""Context points: where a function-space prior is imposed (FSP-Laplace, seed 004).
 
-Each function returns an ``(m, d)`` array of inputs. Random ones take an explicit key.
+Each function returns an ``(m, d)`` array of inputs (`uniform` and `from_data` also inputs of any shape
+``(m, ...)``, such as images). Random ones take an explicit key.
 
 Examples:
     >>> import jax, jax.numpy as jnp
@@ -19,10 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def _box(X, padding, who):
+def _box(X, padding, who, *, rows_only=True):
     X = jnp.asarray(X)
-    if X.ndim != 2 or X.shape[0] == 0:
-        raise ValueError(f"{who}: data must be 2-D (n, d) with n >= 1, got shape {X.shape}")
+    if (X.ndim != 2 if rows_only else X.ndim < 2) or X.shape[0] == 0:
+        shape = "2-D (n, d)" if rows_only else "(n, d) or (n, ...)"
+        raise ValueError(f"{who}: data must be {shape} with n >= 1, got shape {X.shape}")
     if not padding >= 0:
         raise ValueError(f"{who}: padding must be >= 0, got {padding}")
     lo, hi = jnp.min(X, axis=0), jnp.max(X, axis=0)
@@ -38,7 +40,8 @@ def _count(num, who):
 
 def uniform(key, X, num: int, *, padding: float = 0.5):
     """``num`` points uniform over the data's bounding box, widened by ``padding`` times its range
-    on each side (the paper's default: half the range).
+    on each side (the paper's default: half the range). Inputs of any shape ``(n, ...)`` (images) give
+    points of that shape, each entry (pixel) uniform over its own range: FSP-Laplace's "RND" context.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -46,10 +49,12 @@ def uniform(key, X, num: int, *, padding: float = 0.5):
         >>> C = uniform(jax.random.key(0), jnp.array([[0.0], [1.0]]), 100)
         >>> bool(C.min() >= -0.5) and bool(C.max() <= 1.5), C.shape
         (True, (100, 1))
+        >>> uniform(jax.random.key(0), jnp.zeros((5, 1, 28, 28)), 3, padding=0.0).shape
+        (3, 1, 28, 28)
     """
     num = _count(num, "context.uniform")
-    X, lo, hi = _box(X, padding, "context.uniform")
-    return lo[None, :] + (hi - lo)[None, :] * jax.random.uniform(key, (num, X.shape[1]), X.dtype)
+    X, lo, hi = _box(X, padding, "context.uniform", rows_only=False)
+    return lo[None] + (hi - lo)[None] * jax.random.uniform(key, (num, *X.shape[1:]), X.dtype)
 
 
 def from_data(key, X, num: int):

@@ -15,6 +15,9 @@ precision $J(C)^\top K_{CC}^{+} J(C) + G$ without forming any ``P x P``, ``P x n
 6. covariance $U_M U_A D_A^{+} U_A^\top U_M^\top$, after truncating the smallest eigenvalues
    of $D_A$ until the posterior variance is at most the prior variance at every context point.
 
+Inputs may have any shape ``(n, ...)`` (images for a convolutional network): the network sees each
+input as given, the kernel and the prior mean see it flattened to a row of ``d`` numbers.
+
 Examples:
     >>> import jax, jax.numpy as jnp
     >>> import posteriors as pst
@@ -84,8 +87,8 @@ class GPPrior(eqx.Module):
         raise ValueError(f"{who}: the prior kernel has {k.num_outputs} outputs but the network has {num_outputs}")
 
     def mean_at(self, X, num_outputs: int) -> jax.Array:
-        """$\\mu$ at each row of ``X``, shape ``(n, O)``."""
-        X = jnp.asarray(X)
+        """$\\mu$ at each input of ``X`` (flattened to a row), shape ``(n, O)``."""
+        X = _rows(X)
         if self.mean is None:
             return jnp.zeros((X.shape[0], num_outputs), X.dtype)
         mu = jax.vmap(self.mean)(X)
@@ -94,8 +97,8 @@ class GPPrior(eqx.Module):
         return mu
 
     def variance_at(self, X, num_outputs: int) -> jax.Array:
-        """The prior variance $k(x, x)$ of each output, shape ``(n, O)``."""
-        X = jnp.asarray(X)
+        """The prior variance $k(x, x)$ of each output, shape ``(n, O)``, each input flattened to a row."""
+        X = _rows(X)
         return self.kernel_for(num_outputs).diag(X).reshape(X.shape[0], num_outputs)
 
 
@@ -107,10 +110,17 @@ def _as_prior(prior, who) -> GPPrior:
     raise TypeError(f"{who}: prior must be a GPPrior or a linops.kernels.Kernel, got {type(prior).__name__}")
 
 
+def _rows(X) -> jax.Array:
+    """Inputs ``(n, ...)`` as the rows ``(n, d)`` a kernel and a prior mean see."""
+    X = jnp.asarray(X)
+    return X.reshape(X.shape[0], -1)
+
+
 def _outputs(fn, params, X, who):
     X = jnp.asarray(X)
-    if X.ndim != 2 or X.shape[0] == 0:
-        raise ValueError(f"{who}: inputs must be 2-D (n, d) with n >= 1, got shape {X.shape}")
+    if X.ndim < 2 or X.shape[0] == 0:
+        raise ValueError(f"{who}: inputs must be (n, d) or (n, ...) with n >= 1 (one input per row), got shape "
+                         f"{X.shape}")
     try:
         out = jax.eval_shape(fn, params, X[0])
     except Exception as e:  # noqa: BLE001 - any failure means params/inputs do not fit fn
@@ -147,7 +157,7 @@ def rkhs_norm(fn, params, prior, context_points, *, jitter: float = 1e-4) -> jax
     num_outputs = _outputs(fn, params, C, "rkhs_norm")
     kernel = prior.kernel_for(num_outputs, "rkhs_norm")
     resid = (jax.vmap(fn, in_axes=(None, 0))(params, C) - prior.mean_at(C, num_outputs)).reshape(-1)
-    K = kernel(C).astype(resid.dtype)
+    K = kernel(_rows(C)).astype(resid.dtype)
     eps = jitter * jnp.mean(jnp.diag(K))
     K = lo.Dense(K + eps * jnp.eye(K.shape[0], dtype=K.dtype), tags={"psd"})
     return 0.5 * resid @ lo.solve(K, resid).value  # by Cholesky
@@ -172,7 +182,8 @@ def fsp_objective(fn, prior, likelihood: Likelihood, *, num_data: int, context, 
         prior: a `GPPrior` or a `linops.kernels.Kernel` (zero mean).
         likelihood: a `linops.likelihoods.Likelihood` (not a per-example one).
         num_data: $N$, the size of the training set.
-        context: ``key -> (n_C, d)`` context points, or a fixed array of them.
+        context: ``key -> (n_C, d)`` (or ``(n_C, ...)``, the inputs' shape) context points, or a fixed array
+            of them.
         jitter: relative jitter of the Gram's Cholesky (see `rkhs_norm`).
 
     Examples:
@@ -202,8 +213,8 @@ def fsp_objective(fn, prior, likelihood: Likelihood, *, num_data: int, context, 
         raise ValueError(f"fsp_objective: num_data must be a positive integer, got {num_data!r}")
     if not callable(context):
         fixed = jnp.asarray(context)
-        if fixed.ndim != 2:
-            raise ValueError(f"fsp_objective: context must be a function of a key or an (n_C, d) array, "
+        if fixed.ndim < 2:
+            raise ValueError(f"fsp_objective: context must be a function of a key or an (n_C, ...) array, "
                              f"got shape {fixed.shape}")
 
     def objective(params, batch, key=None):
@@ -281,7 +292,7 @@ def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, 
     dtype = flat.dtype
     eps = float(np.finfo(dtype).eps)
     J = lo.JacobianOp(fn, params, C, batch_size=context_batch_size, mesh=mesh)
-    K = lo.KernelGramOp(kernel, C.astype(dtype), mesh=mesh)
+    K = lo.KernelGramOp(kernel, _rows(C).astype(dtype), mesh=mesh)
     # 1. Lanczos on K_CC from J(C) 1, and L with L L^T = K^+ on the Krylov space.
     v0 = J @ jnp.ones_like(flat)
     run = lo.lanczos(K, num_steps, v0=v0, restart=True)
@@ -337,7 +348,8 @@ def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likeliho
         data: the training ``(inputs, targets)``.
         prior: a `GPPrior` or a `linops.kernels.Kernel` (zero mean).
         context_points: ``(n_C, d)`` inputs where the prior is imposed (the paper: a regular
-            grid or a low-discrepancy sequence, see `posteriors.context`).
+            grid or a low-discrepancy sequence, see `posteriors.context`), or ``(n_C, ...)`` inputs
+            of the training inputs' shape (images), which the kernel sees flattened.
         likelihood: the training likelihood (its Hessian enters the GGN).
         rank: Lanczos steps on $K_{CC}$, at most $n_C O$ (default ``min(500, n_C O)``).
         batch_size: training examples per GGN batch (memory ``O(batch * rank)``).
@@ -355,7 +367,7 @@ def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likeliho
             A direction dropped by a cut-off gets ZERO posterior variance, and the directions a
             cut-off relative to the largest value drops are those of least prior precision, the
             largest variances: the previous default, a fixed $10^{-6}$ on $A$'s eigenvalues too, halved the
-            Mauna Loa test standard deviation (1.6 against 3.2 ppm; `docs/results.md`).
+            Mauna Loa test standard deviation (1.6 against 3.2 ppm; `docs/results/fsp.md`).
         mesh: a `jax.sharding.Mesh` with a ``"data"`` axis: the GGN products split the training
             examples over its devices, the context Jacobian its context points and the kernel Gram
             its row tiles (`linops.GGNOp`, `linops.JacobianOp`, `linops.kernels.KernelGramOp`); the
@@ -390,7 +402,7 @@ def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likeliho
     check_finite(C, who, "the context points")
     num_outputs = _outputs(fn, params, C, who)
     kernel = prior.kernel_for(num_outputs, who)
-    kernel.check_inputs(C)
+    kernel.check_inputs(_rows(C))
     n = C.shape[0] * num_outputs
     if rank is None:
         rank = min(500, n)

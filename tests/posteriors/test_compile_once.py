@@ -148,6 +148,11 @@ def test_fit_gp_fsp_laplace_and_subnetwork_laplace_compile_once():
         lambda i: pst.fsp_laplace(fn, scaled(i), (X, jnp.sin(X)), GPPrior(Matern52(lengthscale=1.0 + i)), X[::2],
                                   likelihood=Gaussian(0.1), rank=6).d)
     assert events == [] and not np.allclose(first, second)
+    images, fn_img = X.reshape(24, 1, 1), lambda p, x: fn(p, x.reshape(-1))  # noqa: E731  (inputs of any shape)
+    first, second, events = _second_call_compiles(
+        lambda i: pst.fsp_laplace(fn_img, scaled(i), (images, jnp.sin(X)), GPPrior(Matern52(lengthscale=1.0 + i)),
+                                  images[::2], likelihood=Gaussian(0.1), rank=6, progress=False).d)
+    assert events == [] and not np.allclose(first, second)
 
     sub = pst.subnetwork.from_indices(params, jnp.arange(0, 20, 2))
     first, second, events = _second_call_compiles(

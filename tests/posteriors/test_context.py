@@ -41,12 +41,23 @@ def test_grid_and_from_data():
     assert sorted(map(tuple, np.asarray(D).tolist())) == sorted(map(tuple, np.asarray(X).tolist()))
 
 
+def test_uniform_draws_images_pixel_by_pixel_within_each_pixels_range():
+    images = jnp.stack([jnp.zeros((2, 3)), jnp.arange(6.0).reshape(2, 3)])  # pixel j ranges over [0, j]
+    C = context.uniform(jax.random.key(0), images, 500, padding=0.0)
+    assert C.shape == (500, 2, 3)
+    assert bool(jnp.all(C >= 0.0)) and bool(jnp.all(C <= images[1][None]))
+    assert_close(C.max(axis=0), jnp.arange(6.0).reshape(2, 3), atol=0.05)  # it fills each range
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="asked for 4 points from a data set of"):
         context.from_data(jax.random.key(0), X, 4)
     with pytest.raises(ValueError, match="kind must be 'halton' or 'sobol'"):
         context.low_discrepancy(jax.random.key(0), X, 4, kind="random")
-    with pytest.raises(ValueError, match=r"data must be 2-D \(n, d\)"):
+    with pytest.raises(ValueError, match=r"context.uniform: data must be \(n, d\) or \(n, ...\) with n >= 1, "
+                                         r"got shape \(3,\)"):
         context.uniform(jax.random.key(0), jnp.ones(3), 4)
+    with pytest.raises(ValueError, match=r"context.grid: data must be 2-D \(n, d\)"):
+        context.grid(jnp.ones((3, 1, 2)), 2)
     with pytest.raises(ValueError, match="positive integer"):
         context.grid(X, 0)

@@ -194,6 +194,32 @@ def test_objective_is_the_scaled_nll_plus_the_rkhs_norm():
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree_util.tree_leaves(grads))
 
 
+def test_image_shaped_inputs_are_the_flattened_inputs_to_the_kernel():
+    """Inputs of any shape (n, ...): the network sees them as given, the kernel and the prior mean flattened. The
+    same data as (n, 2, 3) arrays with a network that flattens them gives the posterior, the RKHS norm, the
+    training objective and the prior moments of the same data as (n, 6) rows."""
+    params, X, Y = _toy(n=10, d=6, seed=5)
+    C = jax.random.uniform(jax.random.key(6), (12, 6), jnp.float64, -2.0, 2.0)
+    images, C_images = X.reshape(10, 2, 3), C.reshape(12, 2, 3)
+    fn_img = lambda p, x: _fn(p, x.reshape(-1))  # noqa: E731
+    prior = pst.GPPrior(RBF(1.5), mean=lambda x: jnp.array([0.1 * x[0]]))
+    flat = pst.fsp_laplace(_fn, params, (X, Y), prior, C, likelihood=Gaussian(0.1), progress=False)
+    img = pst.fsp_laplace(fn_img, params, (images, Y), prior, C_images, likelihood=Gaussian(0.1), progress=False)
+    assert_close(img.covariance.as_matrix(), flat.covariance.as_matrix(), atol=1e-10)
+    assert int(img.info.rank) == int(flat.info.rank) > 0
+    for a, b in zip(img.predictive(C_images), flat.predictive(C), strict=True):
+        assert_close(a, b, atol=1e-10)
+    assert_close(img.prior_variance(C_images), flat.prior_variance(C))
+    assert_close(img.prior_mean(C_images), 0.1 * C[:, :1])
+    assert float(pst.rkhs_norm(_fn, params, prior, C)) > 0.0
+    assert_close(pst.rkhs_norm(fn_img, params, prior, C_images), pst.rkhs_norm(_fn, params, prior, C))
+    objectives = [pst.fsp_objective(f, prior, Gaussian(0.1), num_data=10, context=c)
+                  for f, c in ((_fn, C), (fn_img, C_images))]
+    assert_close(objectives[1](params, (images, Y)), objectives[0](params, (X, Y)))
+    with pytest.raises(ValueError, match=r"fsp_laplace: inputs must be \(n, d\) or \(n, ...\) with n >= 1.*\(12,\)"):
+        pst.fsp_laplace(_fn, params, (X, Y), prior, C[:, 0], likelihood=Gaussian(0.1))
+
+
 def test_bad_input_is_refused_with_a_clear_error():
     params, X, Y = _toy()
     C = jnp.linspace(-2.0, 2.0, 5)[:, None]
