@@ -29,11 +29,15 @@ COMMANDS = {
     "demo": "every posterior on digits 0-4: the comparison table, figures, and the in-between toy",
     "projected": "the projected-Bayes paper's tables 2-3 and figure 6 on its protocol: LeNet-5 on MNIST digits",
     "inbetween": "in-between uncertainty on a 1-D toy regression (projected-Bayes figure 4)",
-    "subnetwork": "subnetwork inference: toy regression and rotated digits (figures 2 and 4)",
-    "fsp": "FSP-Laplace: toy regression, two moons, Mauna Loa CO2, UCI-style regression (figure 1, C.5-C.6, tables 1, "
-           "C.1)",
+    "subnetwork": "subnetwork inference: toy regression, rotated digits, the size sweep (figures 2, 4 and 5)",
+    "fsp": "FSP-Laplace: toy regression, two moons, Mauna Loa CO2, UCI-style regression, MNIST digits (figure 1, "
+           "C.5-C.6, tables 1, 2 and C.1)",
 }
 """The commands of ``python -m posteriors``, with a line on what each reproduces."""
+
+PARTS = {"subnetwork": ("regression", "rotated", "sizes"),
+         "fsp": ("regression", "two_moons", "maunaloa", "uci", "mnist")}
+"""The parts of the commands that have several (``--parts``), in their default order."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
             chosen = {"demo": DEFAULT_METHODS, "projected": PROJECTED_METHODS, "inbetween": METHODS}[name]
             p.add_argument("--methods", help=f"comma-separated methods, from: {', '.join(known)} (default: "
                                              f"{'all' if chosen == known else ', '.join(chosen)})")
-        if name == "fsp":
-            p.add_argument("--parts", default="regression,two_moons,maunaloa,uci",
+        if name in PARTS:
+            p.add_argument("--parts", default=",".join(PARTS[name]),
                            help="comma-separated parts (default: %(default)s)")
     _common_options(parser)
     parser.add_argument("--dataset", choices=["digits", "mnist"], default=None, help=argparse.SUPPRESS)
@@ -168,12 +172,13 @@ def _inbetween_config(args):
     return cfg
 
 
-def _parts(text):
-    known = ("regression", "two_moons", "maunaloa", "uci")
+def _parts(command, text):
+    known = PARTS[command]
     parts = tuple(p.strip() for p in text.split(",") if p.strip())
     bad = [p for p in parts if p not in known]
     if bad or not parts:
-        raise SystemExit(f"python -m posteriors fsp: unknown part(s) {bad or [text]}; choose from {', '.join(known)}")
+        raise SystemExit(f"python -m posteriors {command}: unknown part(s) {bad or [text]}; choose from "
+                         f"{', '.join(known)}")
     return parts
 
 
@@ -184,10 +189,10 @@ def main(argv=None) -> int:
 
     Examples:
         >>> from posteriors.experiments.cli import main
-        >>> main(["fsp", "--parts", "sine"])
+        >>> main(["subnetwork", "--parts", "sine"])
         Traceback (most recent call last):
         ...
-        SystemExit: python -m posteriors fsp: unknown part(s) ['sine']; choose from regression, two_moons, maunaloa, uci
+        SystemExit: python -m posteriors subnetwork: unknown part(s) ['sine']; choose from regression, rotated, sizes
     """
     args = build_parser().parse_args(argv)
     command = args.command or "demo"
@@ -195,8 +200,8 @@ def main(argv=None) -> int:
         args.config = _classification_config(args, command)
     elif command == "inbetween":
         args.config = _inbetween_config(args)
-    elif command == "fsp":
-        args.config = _parts(args.parts)
+    elif command in PARTS:
+        args.config = _parts(command, args.parts)
     out = args.out or Path("posteriors-results") / command
     use_compilation_cache(args.compilation_cache)
     try:
@@ -231,7 +236,8 @@ def _run(command, args, out: Path) -> int:
     elif command == "subnetwork":
         from posteriors.experiments import subnetwork
 
-        summary = subnetwork.run(out, "smoke" if args.smoke else "quick" if args.quick else "full", log)
+        summary = subnetwork.run(out, "smoke" if args.smoke else "quick" if args.quick else "full", log,
+                                 parts=args.config)
         print(_subnetwork_text(summary))
     elif command == "fsp":
         from posteriors.experiments import fsp
@@ -245,21 +251,30 @@ def _run(command, args, out: Path) -> int:
 
 
 def _subnetwork_text(summary) -> str:
-    toy = summary["toy_regression"]
-    lines = ["## Subnetwork inference", "",
-             f"Toy regression ({toy['num_weights']} weights; {toy['weights_without_data_gradient']} without data "
-             "gradient): predictive std against the full covariance's", "",
-             "| method | size | std in gap | std on data | error vs full |", "|---|---:|---:|---:|---:|"]
-    for name, v in toy["methods"].items():
-        err = f"{v['error_vs_full']:.3f}" + (f" ± {v['error_vs_full_sd']:.3f}" if "error_vs_full_sd" in v else "")
-        lines.append(f"| {name} | {v['size'] if v['size'] is not None else '—'} | {v['mean_std_in_gap']:.3f} | "
-                     f"{v['mean_std_on_data']:.3f} | {err} |")
-    rm = summary["rotated_mnist"]
-    lines += ["", f"Rotated MNIST (LeNet-5, {rm['num_params']} parameters; subnetworks of {rm['subnetwork_size']}): "
-              "test log-likelihood by angle", "", "| method | " + " | ".join(f"{a}°" for a in rm["angles"]) + " |",
-              "|---|" + "---:|" * len(rm["angles"])]
-    for name, res in rm["results"].items():
-        lines.append(f"| {name} | " + " | ".join(f"{v:.2f}" for v in res["log_likelihood"]) + " |")
+    lines = ["## Subnetwork inference"]
+    if "toy_regression" in summary:
+        toy = summary["toy_regression"]
+        lines += ["", f"Toy regression ({toy['num_weights']} weights; {toy['weights_without_data_gradient']} without "
+                  "data gradient): predictive std against the full covariance's", "",
+                  "| method | size | std in gap | std on data | error vs full |", "|---|---:|---:|---:|---:|"]
+        for name, v in toy["methods"].items():
+            err = f"{v['error_vs_full']:.3f}" + (f" ± {v['error_vs_full_sd']:.3f}" if "error_vs_full_sd" in v else "")
+            lines.append(f"| {name} | {v['size'] if v['size'] is not None else '—'} | {v['mean_std_in_gap']:.3f} | "
+                         f"{v['mean_std_on_data']:.3f} | {err} |")
+    for key, title in (("rotated_mnist", "subnetworks of {subnetwork_size}"),
+                       ("size_sweep", "subnetworks by size, mean ± s.e. over {seeds} seeds")):
+        if key not in summary:
+            continue
+        rm = summary[key]
+        rows = rm.get("results") or rm["rows"]
+        lines += ["", f"Rotated MNIST (LeNet-5, {rm['num_params']} parameters; {title.format(**rm)}): test "
+                  "log-likelihood by angle", "", "| method | " + " | ".join(f"{a}°" for a in rm["angles"]) + " |",
+                  "|---|" + "---:|" * len(rm["angles"])]
+        for name, res in rows.items():
+            ll = res["log_likelihood"]
+            se = res.get("log_likelihood_se") if rm.get("seeds", 1) > 1 else None
+            cells = [f"{v:.2f}" + (f" ± {se[i]:.2f}" if se else "") for i, v in enumerate(ll)]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

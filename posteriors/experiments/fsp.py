@@ -12,6 +12,7 @@ prior's smoothness, roughness or periodicity.
 
 - Mauna Loa CO2 (table 1): `maunaloa`.
 - Tabular regression (table C.1): `posteriors.experiments.uci` (the part ``uci``).
+- Image classification (table 2): `posteriors.experiments.fsp_mnist` (the part ``mnist``).
 
 Writes ``fsp_regression.png``, ``fsp_two_moons.png``, ``fsp_maunaloa.png``, ``fsp_maunaloa.{json,md}``
 and ``fsp_summary.json`` to ``--out``. Run with ``python -m posteriors fsp`` (the ``examples``
@@ -324,16 +325,16 @@ def _fsp_info(post) -> dict:
             "lanczos_steps": int(post.info.lanczos_steps), "max_variance_ratio": float(post.info.max_variance_ratio)}
 
 
-def run(out, quick, log, *, parts=("regression", "two_moons", "maunaloa", "uci")):
+def run(out, quick, log, *, parts=("regression", "two_moons", "maunaloa", "uci", "mnist")):
     """The FSP experiments named in ``parts``; writes their figures, tables and ``fsp_summary.json``."""
     import json
 
     out.mkdir(parents=True, exist_ok=True)
     summary = {"quick": quick}
-    from posteriors.experiments import uci
+    from posteriors.experiments import fsp_mnist, uci
 
     for part in parts:
         summary[part] = {"regression": regression, "two_moons": two_moons, "maunaloa": maunaloa,
-                         "uci": uci.run}[part](out, quick, log)
+                         "uci": uci.run, "mnist": fsp_mnist.run}[part](out, quick, log)
     (out / "fsp_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary

@@ -18,7 +18,9 @@
    The Laplace posteriors' prior precision is chosen by validation log-likelihood over a grid (the
    paper's $\\lambda = 500$ came from a grid search).
 
-Writes ``subnetwork_regression.png``, ``subnetwork_rotated_mnist.png`` and
+3. The size sweep (figure 5): `posteriors.experiments.subnetwork_sizes`.
+
+Writes ``subnetwork_regression.png``, ``subnetwork_rotated_mnist.png``, ``subnetwork_sizes.png`` and
 ``subnetwork_summary.json`` to ``--out``. Run with ``python -m posteriors subnetwork`` (the
 ``examples`` extra: matplotlib, scikit-learn, scipy, mlxtend).
 """
@@ -214,20 +216,26 @@ def _tuned(post, validation):
     return best
 
 
+def rotated_digits(size):
+    """The rotated-digits protocol's data at ``size``: training images ``(n, 1, 28, 28)`` and labels, the
+    validation pair, and the (unrotated) test images ``(n, 28, 28)`` and labels."""
+    images, labels = pdata.mnist()
+    (tr_x, tr_y), (te_x, te_y) = pdata.train_test_split(jax.random.key(0), images, labels, 0.2)
+    if size != "full":
+        n_train, n_test = (300, 100) if size == "smoke" else (1000, 500)
+        tr_x, tr_y, te_x, te_y = tr_x[:n_train], tr_y[:n_train], te_x[:n_test], te_y[:n_test]
+    (tr_x, tr_y), (va_x, va_y) = pdata.train_test_split(jax.random.key(1), tr_x, tr_y, 0.1)
+    validation = (jnp.asarray(va_x[:, None]), jnp.asarray(va_y))
+    return jnp.asarray(tr_x[:, None]), jnp.asarray(tr_y), validation, (te_x, te_y)
+
+
 def rotated_mnist(out, size, log):
     from posteriors.experiments.architectures import lenet5
 
     bars = not log.quiet
     plt = pyplot()
-    images, labels = pdata.mnist()
-    (tr_x, tr_y), (te_x, te_y) = pdata.train_test_split(jax.random.key(0), images, labels, 0.2)
     quick = size != "full"
-    if quick:
-        n_train, n_test = (300, 100) if size == "smoke" else (1000, 500)
-        tr_x, tr_y, te_x, te_y = tr_x[:n_train], tr_y[:n_train], te_x[:n_test], te_y[:n_test]
-    (tr_x, tr_y), (va_x, va_y) = pdata.train_test_split(jax.random.key(1), tr_x, tr_y, 0.1)
-    X, y = jnp.asarray(tr_x[:, None]), jnp.asarray(tr_y)
-    validation = (jnp.asarray(va_x[:, None]), jnp.asarray(va_y))
+    X, y, validation, (te_x, te_y) = rotated_digits(size)
     fn, params = lenet5(jax.random.key(3), width=1.0, dtype=jnp.float32)  # the images are float32
     steps = {"smoke": 200, "quick": 1000}.get(size, 3000)
     params, _ = train_map(fn, params, X, y, Categorical(), 1.0, steps=steps, learning_rate=1e-3, key=jax.random.key(4),
@@ -298,13 +306,27 @@ def rotated_mnist(out, size, log):
             "share_without_data_gradient": dead_share}
 
 
-def run(out, size: str, log):
-    """Both experiments at ``size`` (``"full"``, ``"quick"`` or ``"smoke"``, a tiny run for tests); writes their
-    figures and ``subnetwork_summary.json``."""
+PARTS = ("regression", "rotated", "sizes")
+
+
+def run(out, size: str, log, *, parts=PARTS):
+    """The experiments named in ``parts`` (``"regression"``: figure 2; ``"rotated"``: figure 4; ``"sizes"``:
+    figure 5, `posteriors.experiments.subnetwork_sizes`) at ``size`` (``"full"``, ``"quick"`` or ``"smoke"``,
+    a tiny run for tests); writes their figures and ``subnetwork_summary.json``."""
     if size not in ("full", "quick", "smoke"):
         raise ValueError(f"subnetwork.run: size must be 'full', 'quick' or 'smoke', got {size!r}")
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown or not parts:
+        raise ValueError(f"subnetwork.run: unknown part(s) {unknown or list(parts)}; choose from {', '.join(PARTS)}")
     out.mkdir(parents=True, exist_ok=True)
-    summary = {"size": size, "toy_regression": toy_regression(out, size, log),
-               "rotated_mnist": rotated_mnist(out, size, log)}
+    summary = {"size": size}
+    if "regression" in parts:
+        summary["toy_regression"] = toy_regression(out, size, log)
+    if "rotated" in parts:
+        summary["rotated_mnist"] = rotated_mnist(out, size, log)
+    if "sizes" in parts:
+        from posteriors.experiments.subnetwork_sizes import size_sweep
+
+        summary["size_sweep"] = size_sweep(out, size, log)
     (out / "subnetwork_summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -125,6 +125,14 @@ def test_inbetween_command(tmp_path):
     assert (out / "inbetween.png").stat().st_size > 0
 
 
+def test_unknown_parts_stop_before_any_work():
+    for command, known in (("subnetwork", "regression, rotated, sizes"),
+                           ("fsp", "regression, two_moons, maunaloa, uci, mnist")):
+        with pytest.raises(SystemExit, match=rf"python -m posteriors {command}: unknown part\(s\) \['sine'\]; "
+                                             rf"choose from {known}"):
+            main([command, "--parts", "rotated,sine" if command == "subnetwork" else "sine"])
+
+
 @pytest.mark.slow
 def test_subnetwork_command(tmp_path):
     out = _run(tmp_path, "subnetwork")
@@ -135,7 +143,13 @@ def test_subnetwork_command(tmp_path):
     assert set(toy["beats_random"]) == {"Wass", "Wass, data-constrained", "Predictive effect"}
     assert summary["rotated_mnist"]["angles"][0] == 0
     assert {"SWAG", "Deep ensemble", "MAP"} <= set(summary["rotated_mnist"]["results"])
-    for name in ("subnetwork_regression.png", "subnetwork_rotated_mnist.png"):
+    sweep = summary["size_sweep"]  # figure 5: every size, one prior precision tuned at the reference size
+    assert sweep["sizes"] == [20, 200] and sweep["reference_size"] == 200 and len(sweep["prior_precision"]) == 1
+    for s in sweep["sizes"]:
+        row = sweep["rows"][f"Subnetwork ({s})"]
+        assert row["covariance_bytes"] == 4 * s * s and len(row["log_likelihood"]) == len(sweep["angles"])
+        assert row["mean_over_angles"] == pytest.approx(sum(row["log_likelihood"]) / len(sweep["angles"]))
+    for name in ("subnetwork_regression.png", "subnetwork_rotated_mnist.png", "subnetwork_sizes.png"):
         assert (out / name).stat().st_size > 0
 
 
