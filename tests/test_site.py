@@ -1,7 +1,8 @@
 """The built documentation site as a reader meets it: every docstring example of the API reference is
 highlighted code (not prose), the math renderer is served with the site (it reads offline), code
 blocks carry a copy button, no text is lost to Markdown's traps (brace groups, lists after nested
-blocks), every figure opens at full size, and (in headless Chromium) every column shows at 1280 px.
+blocks), every figure opens at full size, every paper's results page has a verdict for each of its tables and
+figures, and (in headless Chromium) every column shows at 1280 px and on a phone.
 Builds the site with mkdocs; skipped where the docs extra is not installed (CI installs it and runs this
 file after the build)."""
 
@@ -178,6 +179,65 @@ def test_every_figure_opens_at_full_size(site):
     assert not figures - shown, f"figures never shown: {sorted(figures - shown)}"
 
 
+# Every numbered table and figure of each paper (its text read by hand: the papers are not in the repository),
+# with the lemmas the paper states as results. Each must be named in the claim column of its page's verdicts.
+PAPER_ITEMS = {
+    "projected": ["Figure 1", "Table 1", "Figures 2 and 3", "Figure 4", "Table 2", "Table 3", "Table 4", "Figure 5",
+                  "Table 5", "Figure 6", "Figure 7", "Lemma 3.1", "Lemma 3.2", "Theorem 3.3", "Lemma 3.4",
+                  "Lemma 4.1", "Lemma 4.3"],
+    "subnetwork": ["Figure 1", "Figure 2", "Figure 3", "Figure 4", "Figure 5", "Figure 6", "Figure 7", "Figure 8",
+                   "Figure 9", "Table 1", "tables 2–14", "tables 15–20", "Tables 21–23"],
+    "fsp": ["Figure 1", "Figure 2", "Table 1", "Figure 3", "Table 2", "C.3", "C.4", "C.5", "C.6", "C.7", "C.8", "C.9",
+            "C.10", "C.11", "Table C.1", "Table C.2"],
+}
+VERDICTS = ("**reproduced**", "**not reproduced**", "not run", "no claim")
+
+
+def _verdict_rows(page: str) -> list[list[str]]:
+    """The rows of the first table under ``## Verdicts`` of ``docs/results/<page>.md``, as cells."""
+    text = (ROOT / "docs" / "results" / f"{page}.md").read_text()
+    assert "\n## Verdicts\n" in text, f"docs/results/{page}.md has no Verdicts section"
+    lines = text.split("\n## Verdicts\n", 1)[1].split("\n## ", 1)[0].splitlines()
+    table = [line for line in lines if line.startswith("|")]
+    assert [c.strip() for c in table[0].strip("|").split("|")] == ["claim", "the paper", "ours", "verdict", "reason"]
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in table[2:]]
+
+
+@pytest.mark.parametrize("page", sorted(PAPER_ITEMS))
+def test_every_claim_of_a_paper_has_a_verdict(page):
+    """Each paper's results page opens with a verdict table (claim, the paper, ours, verdict, reason) that names
+    every table and figure of the paper; every row's verdict is one of the four words, a measured row links to the
+    command's section, and every row that is not a plain reproduction says why."""
+    rows = _verdict_rows(page)
+    claims = " ".join(r[0] for r in rows)
+    missing = [item for item in PAPER_ITEMS[page] if item not in claims]
+    assert not missing, f"docs/results/{page}.md: no verdict for {missing}"
+    for claim, _, ours, verdict, reason in rows:
+        assert verdict.startswith(VERDICTS), (claim, verdict)
+        if "reproduced" in verdict:
+            assert "](" in ours or "`tests/" in ours or "`python " in ours or "`docs/" in ours, (
+                f"{claim}: a measured verdict names where its numbers come from")
+        if verdict.startswith(("**not reproduced**", "not run")) or " not " in verdict or "part" in verdict:
+            assert reason, f"{claim}: {verdict} without a reason"
+
+
+def _kind(verdict: str) -> str:
+    return next(v for v in VERDICTS if verdict.startswith(v)).strip("*")
+
+
+def test_the_results_index_counts_each_pages_verdicts():
+    """The index's table of counts (rows, reproduced, not reproduced, not run, no claim) is each page's."""
+    text = (ROOT / "docs" / "results" / "index.md").read_text()
+    counted = {}
+    for line in text.splitlines():
+        if match := re.match(r"\|[^|]*\| \[[^\]]*\]\((\w+)\.md\) \|(.*)\|$", line):
+            counted[match[1]] = [int(c) for c in match[2].split("|")]
+    assert set(counted) == set(PAPER_ITEMS)
+    for page, numbers in counted.items():
+        kinds = [_kind(r[3]) for r in _verdict_rows(page)]
+        assert numbers == [len(kinds)] + [kinds.count(k.strip("*")) for k in VERDICTS], page
+
+
 def _chromium():
     for path in ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"):
         if Path(path).exists():
@@ -195,10 +255,12 @@ _OVERFLOW = """() => {
 }"""
 
 
-def test_every_column_and_code_line_shows_at_1280_px(site):
-    """In headless Chromium at 1280 x 900 px, no table and no code block of any page is wider than the content
-    column (nothing hides behind a horizontal scroll bar). Needs Chromium and ``playwright`` (skipped without:
-    ``apt-get install chromium``, ``pip install playwright``); ``.ci/run`` installs both where it can."""
+@pytest.mark.parametrize("width", [1280, 390])
+def test_every_column_and_code_line_shows(site, width):
+    """In headless Chromium at 1280 x 900 px (a laptop) and at 390 x 844 px (a phone), no table and no code block of
+    any page is wider than the content column (nothing hides behind a horizontal scroll bar): on the phone each
+    table row is a card of labelled cells (``docs/hooks/tables.py``). Needs Chromium and ``playwright`` (skipped
+    without: ``apt-get install chromium``, ``pip install playwright``); ``.ci/run`` installs both where it can."""
     sync_api = pytest.importorskip("playwright.sync_api")
     browser_path = _chromium()
     if browser_path is None:
@@ -221,7 +283,7 @@ def test_every_column_and_code_line_shows_at_1280_px(site):
             browser = p.chromium.launch(executable_path=browser_path, args=[
                 "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                 "--disable-sync"])
-            tab = browser.new_page(viewport={"width": 1280, "height": 900})
+            tab = browser.new_page(viewport={"width": width, "height": 900 if width > 1000 else 844})
             for page in pages:
                 tab.goto(f"http://127.0.0.1:{server.server_address[1]}/{'' if page == '.' else page + '/'}")
                 if found := tab.evaluate(_OVERFLOW):
@@ -229,4 +291,14 @@ def test_every_column_and_code_line_shows_at_1280_px(site):
             browser.close()
     finally:
         server.shutdown()
-    assert not wide, f"wider than the content column at 1280 px: {wide}"
+    assert not wide, f"wider than the content column at {width} px: {wide}"
+
+
+def test_table_cells_carry_their_column_names(site):
+    """Every body cell of a results table names its column (``data-label``, which the phone layout shows)."""
+    page = (site / "results" / "demo" / "index.html").read_text()
+    table = page[page.find("<table"):page.find("</table>")]
+    headers = [h.strip() for h in re.findall(r"<th\b[^>]*>(.*?)</th>", table, flags=re.S)]
+    first = re.search(r"<tbody>\s*<tr>(.*?)</tr>", table, flags=re.S)[1]
+    labels = re.findall(r'<td data-label="([^"]*)"', first)
+    assert headers[:2] == ["method", "Conf. ↑"] and labels == headers
