@@ -14,6 +14,13 @@ from linops.runtime import update
 from posteriors.experiments.methods import METHODS
 
 
+def mean_se(values) -> tuple[np.ndarray, np.ndarray]:
+    """The mean over the first axis (seeds, folds) and its standard error; NaN for one (no spread measured)."""
+    v = np.asarray(values, float)
+    se = v.std(axis=0, ddof=1) / np.sqrt(v.shape[0]) if v.shape[0] > 1 else np.full(v.shape[1:], np.nan)
+    return v.mean(axis=0), se
+
+
 def check_methods(methods, known=METHODS) -> tuple:
     """The requested method names, or a `ValueError` listing the ``known`` ones."""
     unknown = [m for m in methods if m not in known]

@@ -203,8 +203,6 @@ def fit(method: str, fn, params, train, cfg: Config, log: Log, init=None):
         sq = jnp.sum(sub**2, axis=1)
         dist = jnp.sqrt(jnp.clip(sq[:, None] + sq[None, :] - 2.0 * sub @ sub.T, 0.0))  # never (n, n, d)
         kernel = RBF(float(jnp.median(dist[jnp.triu_indices(len(sub), 1)])), 10.0)  # median distance; logit var 10
-        if cfg.fsp_context_kind not in ("data", "uniform"):
-            raise ValueError(f"fsp_context_kind must be 'data' or 'uniform', got {cfg.fsp_context_kind!r}")
         if cfg.fsp_context_kind == "data":
             draw_context = lambda k, n: pst.context.from_data(k, X, n)  # noqa: E731
         else:  # the data's bounding box as two rows (the same box): the step never folds all of X as a constant
@@ -326,6 +324,8 @@ def columns(ood_names) -> list[tuple[str, str]]:
 def run(cfg: Config, out: Path, log: Log, *, name: str = "classification", shift: bool = True) -> dict:
     """Train, fit every method in ``cfg.methods``, evaluate, write ``name.{json,md}`` and the figures."""
     methods = check_methods(cfg.methods, CLASSIFICATION_METHODS)
+    if cfg.fsp_context_kind not in ("data", "uniform"):  # before any training
+        raise ValueError(f"fsp_context_kind must be 'data' or 'uniform', got {cfg.fsp_context_kind!r}")
     if cfg.prior_grid is not None and not cfg.validation_fraction > 0:
         raise ValueError("a prior-precision grid search needs validation images: set validation_fraction > 0")
     d = prepare(cfg)

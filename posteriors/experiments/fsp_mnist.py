@@ -30,9 +30,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import numpy as np
-
 from posteriors.experiments import classification
+from posteriors.experiments._common import mean_se
 
 PRIOR_GRID = (1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e4)
 SEEDS = 3
@@ -50,11 +49,6 @@ def config(quick: bool, seed: int) -> classification.Config:
     return cfg
 
 
-def _mean_se(values):
-    v = np.asarray(values, float)
-    return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0
-
-
 def run(out, quick, log, *, seeds: int = SEEDS) -> dict:
     """Table 2's analogue over ``seeds`` partitions; writes ``fsp_mnist.{json,md}``."""
     per_seed = []
@@ -64,15 +58,16 @@ def run(out, quick, log, *, seeds: int = SEEDS) -> dict:
         result = classification.run(cfg, out / f"fsp_mnist_seed{seed}", log, name="fsp_mnist", shift=False)
         per_seed.append({"rows": result["rows"], "posteriors": result["posteriors"]})
     methods = list(per_seed[0]["rows"])
-    ood = sorted(k for k in per_seed[0]["rows"][methods[0]] if k.startswith("auroc_entropy_"))
+    prefix = "auroc_entropy_"
+    ood = sorted(k for k in per_seed[0]["rows"][methods[0]] if k.startswith(prefix))
     table = {}
     for m in methods:
         rows = [s["rows"][m] for s in per_seed]
         values = {"log_likelihood": [-r["nll"] for r in rows], "accuracy": [r["accuracy"] for r in rows],
                   "ece": [r["ece"] for r in rows]} | {k: [r[k] for r in rows] for k in ood}
-        table[m] = {k: _mean_se(v) for k, v in values.items()}
+        table[m] = {k: tuple(float(x) for x in mean_se(v)) for k, v in values.items()}
     names = [*METRICS, *ood]
-    heads = ["expected log-lik. ↑", "accuracy ↑", "ECE ↓"] + [f"AUROC {k[14:]} ↑" for k in ood]
+    heads = ["expected log-lik. ↑", "accuracy ↑", "ECE ↓"] + [f"AUROC {k[len(prefix):]} ↑" for k in ood]
     lines = [f"FSP-Laplace table 2's analogue: LeNet-5 on the offline MNIST digits, mean ± standard error over {seeds} "
              f"seeds{' (--quick)' if quick else ''}", "", "| method | " + " | ".join(heads) + " |",
              "|---|" + "---:|" * len(heads)]

@@ -24,7 +24,7 @@ import posteriors as pst
 from linops.likelihoods import Categorical
 from linops.models import ravel
 from posteriors import data as pdata
-from posteriors.experiments._common import pyplot
+from posteriors.experiments._common import mean_se, pyplot
 from posteriors.experiments.training import train_map
 
 #: Subnetwork sizes (LeNet-5 has 61,706 parameters: 0.16% to 16%; the paper: 100 to 40K of ResNet-18's 11.2M).
@@ -33,11 +33,13 @@ SEEDS = {"smoke": 1, "quick": 3, "full": 3}
 ANGLES = {"smoke": (0, 90), "quick": (0, 45, 90, 135, 180), "full": tuple(range(0, 181, 30))}
 
 
-def _mean_se(values) -> tuple[list, list]:
-    """The mean over the first axis and its standard error (0 for a single seed)."""
-    v = np.asarray(values, float)
-    se = v.std(axis=0, ddof=1) / np.sqrt(v.shape[0]) if v.shape[0] > 1 else np.zeros(v.shape[1:])
-    return v.mean(axis=0).tolist(), se.tolist()
+def _row(values) -> dict:
+    """Log-likelihoods (seeds x angles): the mean over the seeds at each angle and over the angles, each with its
+    standard error over the seeds (NaN for one seed)."""
+    mean, se = mean_se(values)
+    over, over_se = mean_se(np.mean(np.asarray(values, float), axis=1))
+    return {"log_likelihood": mean.tolist(), "log_likelihood_se": se.tolist(), "mean_over_angles": float(over),
+            "mean_over_angles_se": float(over_se)}
 
 
 def _log_likelihoods(predict, test_x, test_y, angles) -> list:
@@ -97,16 +99,9 @@ def size_sweep(out, size: str, log) -> dict:
                                     te_x, te_y, angles)
     rows = {}
     for s in sizes:
-        mean, se = _mean_se(subnet_ll[s])
-        over_angles = np.mean(np.asarray(subnet_ll[s]), axis=1)
-        rows[f"Subnetwork ({s})"] = {"size": s, "covariance_bytes": 4 * s * s, "log_likelihood": mean,
-                                     "log_likelihood_se": se, "mean_over_angles": float(over_angles.mean()),
-                                     "mean_over_angles_se": _mean_se(over_angles[:, None])[1][0]}
+        rows[f"Subnetwork ({s})"] = {"size": s, "covariance_bytes": 4 * s * s} | _row(subnet_ll[s])
     for name, values in refs.items():
-        mean, se = _mean_se(values)
-        over_angles = np.mean(np.asarray(values), axis=1)
-        rows[name] = {"log_likelihood": mean, "log_likelihood_se": se, "mean_over_angles": float(over_angles.mean()),
-                      "mean_over_angles_se": _mean_se(over_angles[:, None])[1][0]}
+        rows[name] = _row(values)
     if ensemble is not None:
         rows[f"Ensemble of the {seeds} MAPs"] = {"log_likelihood": ensemble,
                                                  "mean_over_angles": float(np.mean(ensemble))}

@@ -38,7 +38,7 @@ import posteriors as pst
 from linops.kernels import RBF, fit_gp
 from linops.likelihoods import Gaussian
 from linops.models import from_equinox, ravel
-from posteriors.experiments._common import write_table
+from posteriors.experiments._common import mean_se, write_table
 
 PAPER = {"boston": {"FSP-Laplace": (-0.641, 0.084), "Laplace, validation": (-0.733, 0.019), "MAP": (-0.906, 0.274),
                     "GP": (-1.136, 0.035)}}
@@ -222,7 +222,7 @@ def run(out, quick, log, *, datasets=("boston", "diabetes"), folds=5):
             record[name].append({"scores": scores, **notes})
         for m in METHODS:
             a = np.asarray(per[m])
-            se = a.std(0, ddof=1) / np.sqrt(len(a)) if len(a) > 1 else np.full(3, np.nan)
+            se = mean_se(a)[1]
             paper = PAPER.get(name, {}).get(m)
             rows[f"{name}: {m}"] = {
                 "paper": "—" if paper is None else f"{paper[0]:.3f} ± {paper[1]:.3f}",
