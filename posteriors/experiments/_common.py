@@ -21,6 +21,68 @@ def mean_se(values) -> tuple[np.ndarray, np.ndarray]:
     return v.mean(axis=0), se
 
 
+FINE_STEPS = tuple(k / 4 for k in (-3, -2, -1, 1, 2, 3))
+"""`grid_search`'s fine grid: the coarse grid's best times ``10**step`` for each step (quarter decades)."""
+
+
+def grid_search(nll_of, grid, *, refine: bool = False, limits=(1e-8, 1e8), also=()) -> tuple[float, dict, bool]:
+    """The value of ``grid`` and ``also`` (prior precisions; ``also``: another grid's points) with the lowest
+    ``nll_of(value)`` (a validation NLL); with ``refine``, a decade more at a time while the best is the edge of
+    what was tried (within ``limits``), then quarter decades around it (`FINE_STEPS`).
+    Returns ``(best, {value: NLL} sorted, at_edge)``, ``at_edge`` when the best is the smallest or largest value
+    tried (the search did not bracket it).
+
+    Examples:
+        >>> from posteriors.experiments._common import grid_search
+        >>> best, nlls, at_edge = grid_search(lambda a: (a - 300.0) ** 2, (1.0, 10.0, 100.0), refine=True)
+        >>> round(best, 1), at_edge, len(nlls)     # 100 at the edge: 1,000 tried, then quarter decades
+        (316.2, False, 10)
+    """
+    nlls = {}
+
+    def search(values):
+        for value in values:
+            if float(value) not in nlls:
+                nlls[float(value)] = float(nll_of(float(value)))
+        return min(nlls, key=nlls.get)
+
+    best = search((*grid, *also))
+    if refine:
+        while best == max(nlls) and best < limits[1] or best == min(nlls) and best > limits[0]:
+            best = search([best * (10.0 if best == max(nlls) else 0.1)])
+        best = search([best * 10.0**step for step in FINE_STEPS])
+    return best, dict(sorted(nlls.items())), best in (min(nlls), max(nlls))
+
+
+def swag_search(fit_at, nll_of, grid, log, who: str) -> dict:
+    """``{(learning rate, weight decay): (validation NLL, posterior)}`` for each pair of ``grid``: ``fit_at(lr,
+    wd)`` fits SWAG, ``nll_of(posterior)`` scores it. A pair at which SGD diverges gets an infinite NLL and no
+    posterior (logged), not an error.
+
+    Examples:
+        >>> from posteriors.experiments._common import Log, swag_search
+        >>> def fit_at(lr, wd):
+        ...     if lr > 0.1:
+        ...         raise ValueError("swag: the run diverged (3 non-finite entries)")
+        ...     return lr + wd
+        >>> fits = swag_search(fit_at, lambda post: abs(post - 0.011), [(1e-2, 1e-3), (1.0, 0.0)], Log(quiet=True), "x")
+        >>> min(fits, key=lambda k: fits[k][0]), fits[(1.0, 0.0)]
+        ((0.01, 0.001), (inf, None))
+    """
+    fits = {}
+    for lr, wd in grid:
+        try:
+            post = fit_at(float(lr), float(wd))
+        except ValueError as err:  # a learning rate too large for the network: a losing candidate
+            if "diverged" not in str(err):
+                raise
+            log(f"{who}: SWAG at learning rate {lr:g}, weight decay {wd:g}: {err}")
+            fits[(float(lr), float(wd))] = (float("inf"), None)
+            continue
+        fits[(float(lr), float(wd))] = (float(nll_of(post)), post)
+    return fits
+
+
 def check_methods(methods, known=METHODS) -> tuple:
     """The requested method names, or a `ValueError` listing the ``known`` ones."""
     unknown = [m for m in methods if m not in known]
@@ -65,6 +127,35 @@ def write_table(out: Path, name: str, title: str, columns: list[tuple[str, str]]
     (out / f"{name}.md").write_text(md)
     (out / f"{name}.json").write_text(json.dumps({"title": title, "columns": dict(columns), "rows": rows,
                                                   "meta": meta}, indent=2, default=_jsonable))
+    return md
+
+
+def write_seed_table(out: Path, name: str, title: str, columns: list[tuple[str, str]], per_seed: list[dict],
+                     notes: list[str], meta: dict) -> str:
+    """Write ``name.json`` and ``name.md``: every row and column of ``per_seed`` (one table's rows per seed) as
+    mean ± standard error over the seeds (`mean_se`; rows or values missing from a seed are left out of the
+    row, with how many seeds it has); return the Markdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    labels = [label for label in per_seed[0] if all(label in rows for rows in per_seed)]
+    table = {}
+    for label in labels:
+        table[label] = {}
+        for key, _ in columns:
+            values = [rows[label].get(key) for rows in per_seed]
+            if all(isinstance(v, (int, float)) for v in values):
+                table[label][key] = tuple(float(x) for x in mean_se(values))
+    head = "| method | " + " | ".join(label for _, label in columns) + " |"
+    lines = [f"## {title}", "", head, "|---|" + "---:|" * len(columns)]
+    for label, row in table.items():
+        cells = ["—" if key not in row else f"{row[key][0]:.3f} ± {row[key][1]:.3f}" for key, _ in columns]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    notes = [f"Mean ± standard error over {len(per_seed)} seeds."] + notes
+    lines += [""] + [f"- {n}" for n in notes] + [""]
+    md = "\n".join(lines)
+    (out / f"{name}.md").write_text(md)
+    (out / f"{name}.json").write_text(json.dumps({"title": title, "columns": dict(columns), "seeds": len(per_seed),
+                                                  "mean_se": table, "per_seed": per_seed, "meta": meta}, indent=2,
+                                                 default=_jsonable))
     return md
 
 

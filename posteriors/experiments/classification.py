@@ -45,7 +45,7 @@ from linops.models import from_equinox, ravel
 from posteriors import data as pdata
 from posteriors import metrics
 from posteriors.experiments import training
-from posteriors.experiments._common import Log, check_methods, pyplot, write_table
+from posteriors.experiments._common import Log, check_methods, grid_search, pyplot, swag_search, write_table
 from posteriors.experiments.methods import CLASSIFICATION_METHODS, DEFAULT_METHODS, LABELS, LAPLACE_AXES
 from posteriors.experiments.training import train_map
 
@@ -71,6 +71,7 @@ class Config:
     prior_precision: float = 1.0          # the MAP's (and the ensemble members') Gaussian prior
     num_samples: int = 100
     prior_grid: tuple | None = None       # the Laplace family's prior precision by validation NLL (None: evidence)
+    refine_prior: bool = False            # then a fine grid around the grid's best (`choose_prior`)
     validation_fraction: float = 0.0      # training images held out for that grid search
     network_predictive: tuple = ()        # methods predicting with the network at samples (the rest: linearised)
     paper_convention: bool = False        # also the projected posteriors at the paper's precision ||θ||²/r = 1/α*
@@ -78,6 +79,7 @@ class Config:
     projection_sweeps: int = 500
     lowrank: int = 20
     subnetwork_size: int | None = None    # None: the last layer's size (equal memory)
+    subnetwork_swag_steps: int = 1000     # the SGD steps of the subnetwork's selection (diagonal SWAG)
     marglik_steps: int = 100
     fsp_context: int = 100
     fsp_steps: int = 3000
@@ -85,6 +87,8 @@ class Config:
     swag_snapshots: int = 20
     swag_learning_rate: float = 1e-2
     swag_weight_decay: float = 3e-4
+    swag_grid: tuple | None = None        # (learning rate, weight decay) pairs, chosen by validation NLL
+    paper_grid: tuple | None = None       # also a row per baseline as the paper tuned it (see `choose_prior`)
     ensemble_members: int = 5
     angles: tuple = (0, 15, 30, 45, 60, 90, 135, 180)
     methods: tuple = DEFAULT_METHODS
@@ -174,8 +178,10 @@ def fit(method: str, fn, params, train, cfg: Config, log: Log, init=None):
                                 prior_precision=prior, batch_size=256, progress=bars))
     if method == "subnetwork":
         size = cfg.subnetwork_size or int(pst.subnetwork.last_layer(params).size)
-        sub = pst.subnetwork.diagonal_laplace(fn, params, train, lik, size, prior_precision=prior, key=key,
-                                              progress=bars)
+        # the subnetwork paper's rule for image classifiers: diagonal SWAG's variances (diagonal Laplace's pick
+        # weights without data gradient, which sit at the prior variance: its section 6.2)
+        sub = pst.subnetwork.swag(fn, params, train, lik, size, key=key, num_steps=cfg.subnetwork_swag_steps,
+                                  learning_rate=cfg.swag_learning_rate, batch_size=cfg.batch_size, progress=bars)
         return tune(pst.subnetwork_laplace(fn, params, train, lik, sub, prior, progress=bars))
     if method in ("projected", "loss_projected"):
         # the trace probes' projections are N(0, Pi) draws: they are the predictive's samples too (`draw`), so all
@@ -287,14 +293,47 @@ def _entropy(probs) -> jax.Array:
 
 def choose_prior(post, method, fn, params, validation, cfg: Config, key):
     """The paper's grid search: the prior precision of ``cfg.prior_grid`` whose predictive (the method's own)
-    has the lowest NLL on the validation images; returns ``(posterior, {precision: NLL})``."""
-    nlls = {}
-    for alpha in cfg.prior_grid:
-        candidate = post.with_prior(float(alpha))
+    has the lowest NLL on the validation images (`grid_search`, refined with ``cfg.refine_prior``); returns
+    ``(posterior, {"nll": {precision: NLL}, "at_edge": bool})``, and with ``cfg.paper_grid`` also
+    ``"paper_choice"``: the best of that grid alone (the paper's tuning)."""
+
+    def nll_of(alpha):
+        candidate = post.with_prior(alpha)
         probs, _ = predict(draw(candidate, method, key, cfg), candidate, fn, params, validation[0])
-        nlls[float(alpha)] = float(metrics.nll(probs, validation[1]))
-    best = min(nlls, key=nlls.get)
-    return post.with_prior(best), nlls
+        return metrics.nll(probs, validation[1])
+
+    paper = cfg.paper_grid or ()
+    best, nlls, at_edge = grid_search(nll_of, cfg.prior_grid, refine=cfg.refine_prior, also=paper)
+    record = {"nll": nlls, "at_edge": at_edge}
+    if paper:
+        record["paper_choice"] = min((float(a) for a in paper), key=nlls.get)
+    return post.with_prior(best), record
+
+
+def choose_swag(fn, params, train, validation, cfg: Config, log: Log, key):
+    """SWAG tuned as the subnetwork paper tuned its baselines: one fit per (learning rate, weight decay) of
+    ``cfg.swag_grid``, the one whose predictive has the lowest validation NLL; returns
+    ``(posterior, {"nll": {"lr=..,wd=..": NLL}, "learning_rate": .., "weight_decay": .., "at_edge": bool})``,
+    ``at_edge`` when a chosen value is the grid's smallest or largest of its kind; with ``cfg.paper_grid``,
+    also ``"paper_posterior"``: the fit at ``cfg``'s own learning rate and weight decay (the paper's)."""
+    def fit_at(lr, wd):
+        return fit("swag", fn, params, train, dataclasses.replace(cfg, swag_learning_rate=lr, swag_weight_decay=wd),
+                   log)
+
+    def nll_of(post):
+        probs, _ = predict(draw(post, "swag", key, cfg), post, fn, params, validation[0])
+        return metrics.nll(probs, validation[1])
+
+    fits = swag_search(fit_at, nll_of, cfg.swag_grid, log, "SWAG")
+    (lr, wd), (_, post) = min(fits.items(), key=lambda kv: kv[1][0])
+    lrs, wds = {k[0] for k in fits}, {k[1] for k in fits}
+    edge = (len(lrs) > 1 and lr in (min(lrs), max(lrs))) or (len(wds) > 1 and wd in (min(wds), max(wds)))
+    record = {"nll": {f"lr={a:g},wd={b:g}": v[0] for (a, b), v in fits.items()}, "learning_rate": lr,
+              "weight_decay": wd, "at_edge": edge}
+    paper = (float(cfg.swag_learning_rate), float(cfg.swag_weight_decay))
+    if cfg.paper_grid is not None and fits.get(paper, (None, None))[1] is not None:
+        record["paper_posterior"] = fits[paper][1]  # the paper's fixed settings (taken out before recording)
+    return post, record
 
 
 def in_distribution_metrics(probs, labels) -> dict:
@@ -326,8 +365,8 @@ def run(cfg: Config, out: Path, log: Log, *, name: str = "classification", shift
     methods = check_methods(cfg.methods, CLASSIFICATION_METHODS)
     if cfg.fsp_context_kind not in ("data", "uniform"):  # before any training
         raise ValueError(f"fsp_context_kind must be 'data' or 'uniform', got {cfg.fsp_context_kind!r}")
-    if cfg.prior_grid is not None and not cfg.validation_fraction > 0:
-        raise ValueError("a prior-precision grid search needs validation images: set validation_fraction > 0")
+    if (cfg.prior_grid is not None or cfg.swag_grid is not None) and not cfg.validation_fraction > 0:
+        raise ValueError("a grid search (prior_grid, swag_grid) needs validation images: set validation_fraction > 0")
     d = prepare(cfg)
     X, y = d["train"]
     K = len(cfg.in_classes)
@@ -355,8 +394,11 @@ def run(cfg: Config, out: Path, log: Log, *, name: str = "classification", shift
         label = LABELS[method]
         t0 = time.perf_counter()
         try:
-            post = fit(method, fn, params, d["train"], cfg, log, init=init)
             grid = None
+            if method == "swag" and cfg.swag_grid is not None:
+                post, grid = choose_swag(fn, params, d["train"], d["validation"], cfg, log, key)
+            else:
+                post = fit(method, fn, params, d["train"], cfg, log, init=init)
             if post is not None and hasattr(post, "with_prior") and cfg.prior_grid is not None:
                 post, grid = choose_prior(post, method, fn, params, d["validation"], cfg, key)
             if post is not None:
@@ -366,12 +408,16 @@ def run(cfg: Config, out: Path, log: Log, *, name: str = "classification", shift
             rows[label] = {"error": f"{type(err).__name__}: {err}"}
             continue
         fit_s = time.perf_counter() - t0
-        variants = [(label, post)]
+        variants = [(label, post, grid)]
         if cfg.paper_convention and isinstance(post, pst.ProjectedPosterior) and post.trace_draws is not None:
             # the paper's equation 9 takes ||theta||^2 / r as the precision: 1 / alpha*; the same projected draws
             variants.append((f"{label} (paper's α = ‖θ‖²/r)",
-                             eqx.tree_at(lambda q: q.prior_precision, post, 1.0 / post.prior_precision)))
-        for label, post in variants:  # one row each
+                             eqx.tree_at(lambda q: q.prior_precision, post, 1.0 / post.prior_precision), None))
+        if grid and "paper_choice" in grid:  # the baseline as the paper tuned it: the best of its grid
+            variants.append((f"{label} (paper's grid)", post.with_prior(float(grid["paper_choice"])), None))
+        if grid and "paper_posterior" in grid:  # SWAG at the paper's fixed settings
+            variants.append((f"{label} (paper's settings)", grid.pop("paper_posterior"), None))
+        for label, post, grid in variants:  # one row each
             draws = draw(post, method, key, cfg)
             p_in, s_in = predict(draws, post, fn, params, d["test"][0])
             row = in_distribution_metrics(p_in, d["test"][1])
@@ -383,7 +429,7 @@ def run(cfg: Config, out: Path, log: Log, *, name: str = "classification", shift
                 row[f"auroc_entropy_{ood_name}"] = float(metrics.auroc(_entropy(p_in), _entropy(p_out)))
                 scores[label][ood_name] = np.asarray(s_out)
             row["fit_s"] = round(fit_s, 2)
-            info[label] = _info(post) | draws.info | ({"grid_nll": grid} if grid else {}) | {"predictive": draws.kind}
+            info[label] = _info(post) | draws.info | ({"grid": grid} if grid else {}) | {"predictive": draws.kind}
             if "prior_precision" in info[label]:
                 row["prior_precision"] = info[label]["prior_precision"]
             if draws.kind != "map":  # the score on training images against held-in test images (lemma 3.1: zero)
@@ -420,6 +466,7 @@ def _notes(cfg, n_train, K, P, train_s, info) -> list[str]:
              f"Predictives ({cfg.num_samples} samples): " + ", ".join(f"{k}: {v}" for k, v in kinds.items() if v) +
              ". OOD score = largest logit variance (MAP: 1 - max softmax).",
              ("Laplace family: prior precision by validation NLL over " + ", ".join(f"{a:g}" for a in cfg.prior_grid)
+              + (", then quarter decades around the best" if cfg.refine_prior else "")
               if cfg.prior_grid is not None else "Laplace family: prior precision tuned by the evidence") +
              "; projected posteriors: the optimal precision α* = r / ||θ*||²."]
     for label, i in info.items():
@@ -436,9 +483,16 @@ def _notes(cfg, n_train, K, P, train_s, info) -> list[str]:
                          f"{i.get('score_train_median', float('nan')):.3g} / "
                          f"{i.get('score_test_median', float('nan')):.3g}.")
     if "swag" in cfg.methods:
-        notes.append(f"SWAG: {cfg.swag_snapshots} snapshots, one per epoch, SGD learning rate "
-                     f"{cfg.swag_learning_rate}, momentum 0.9, weight decay {cfg.swag_weight_decay}, rank "
-                     f"{cfg.swag_snapshots}.")
+        chosen = info.get(LABELS["swag"], {}).get("grid")
+        lr, wd = ((chosen["learning_rate"], chosen["weight_decay"]) if chosen
+                  else (cfg.swag_learning_rate, cfg.swag_weight_decay))
+        notes.append(f"SWAG: {cfg.swag_snapshots} snapshots, one per epoch, SGD learning rate {lr:g}, momentum 0.9, "
+                     f"weight decay {wd:g}, rank {cfg.swag_snapshots}" +
+                     (f" (by validation NLL over learning rates {sorted({a for a, _ in cfg.swag_grid})} and weight "
+                      f"decays {sorted({b for _, b in cfg.swag_grid})})." if chosen else "."))
+    if "subnetwork" in cfg.methods:
+        notes.append(f"Subnetwork Laplace: the weights of largest diagonal SWAG variance ({cfg.subnetwork_swag_steps} "
+                     f"SGD steps at learning rate {cfg.swag_learning_rate:g}; the subnetwork paper's rule).")
     if "ensemble" in cfg.methods:
         notes.append(f"Deep ensemble: {cfg.ensemble_members} members trained like the MAP from their own "
                      "initialisations.")

@@ -23,7 +23,14 @@ import sys
 from pathlib import Path
 
 from posteriors.compilation import DEFAULT_CACHE, use_compilation_cache
-from posteriors.experiments.methods import CLASSIFICATION_METHODS, DEFAULT_METHODS, METHODS, PROJECTED_METHODS
+from posteriors.experiments.methods import (
+    CLASSIFICATION_METHODS,
+    DEFAULT_METHODS,
+    METHODS,
+    PROJECTED_METHODS,
+    SWAG_GRID,
+    WIDE_PRIOR_GRID,
+)
 
 COMMANDS = {
     "demo": "every posterior on digits 0-4: the comparison table, figures, and the in-between toy",
@@ -69,6 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--in-classes", default="0,1,2,3,4,5,6,7,8,9",
                            help="comma-separated classes to train on (default: all ten, as the paper; the rest "
                                 "become an OOD set of held-out classes)")
+            p.add_argument("--baseline-tuning", choices=["wide", "paper"], default="wide",
+                           help="wide (default): the baselines' prior precision by validation NLL over 1e-4 to 1e4 "
+                                "and quarter decades around the best, SWAG's learning rate and weight decay by "
+                                "validation NLL (the subnetwork paper's appendix D.3); paper: the projected paper's "
+                                "grid 0.1 to 100 and its fixed SWAG settings (appendix C.3)")
+        if name in ("projected", "inbetween", "fsp"):
+            p.add_argument("--seeds", type=int, default=1, metavar="N",
+                           help="run the seeds --seed to --seed + N - 1, each into <out>/seed<k>/, and write the "
+                                "mean ± standard error over them as <name>_seeds.{json,md} (fsp: its Mauna Loa "
+                                "part, from seed 0; default: 1)")
         if name in ("demo", "projected", "inbetween"):
             known = METHODS if name == "inbetween" else CLASSIFICATION_METHODS
             chosen = {"demo": DEFAULT_METHODS, "projected": PROJECTED_METHODS, "inbetween": METHODS}[name]
@@ -80,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common_options(parser)
     parser.add_argument("--dataset", choices=["digits", "mnist"], default=None, help=argparse.SUPPRESS)
     parser.add_argument("--methods", help=argparse.SUPPRESS)
-    parser.set_defaults(architecture="lenet5", in_classes="0,1,2,3,4,5,6,7,8,9", max_train=None)
+    parser.set_defaults(architecture="lenet5", in_classes="0,1,2,3,4,5,6,7,8,9", max_train=None,
+                        baseline_tuning="wide", seeds=1)
     return parser
 
 
@@ -113,7 +131,6 @@ def _methods(text, known, who):
 PAPER_PRIOR_GRID = (0.1, 1.0, 5.0, 10.0, 50.0, 100.0)
 """The projected-Bayes paper's grid for the baselines' prior precision (appendix C.3)."""
 
-
 def _classes(text, who):
     try:
         classes = tuple(int(c) for c in text.split(",") if c.strip())
@@ -141,6 +158,9 @@ def _classification_config(args, command):
                                   learning_rate=1e-3, steps=3000, num_samples=30, prior_grid=PAPER_PRIOR_GRID,
                                   validation_fraction=0.1, network_predictive=("diag", "last_layer", "swag"),
                                   projection_batch=16, projection_sweeps=1000, paper_convention=True)
+        if args.baseline_tuning == "wide":
+            cfg = dataclasses.replace(cfg, prior_grid=WIDE_PRIOR_GRID, refine_prior=True, swag_grid=SWAG_GRID,
+                                      paper_grid=PAPER_PRIOR_GRID)  # and a row per baseline as the paper tuned it
     elif dataset == "mnist":
         cfg = dataclasses.replace(cfg, width=64, batch_size=128, steps=4000, fsp_context=200)
     if args.quick:
@@ -157,6 +177,7 @@ def _classification_config(args, command):
     if args.smoke:
         cfg = dataclasses.replace(cfg, max_train=150, max_test=100, width=16, steps=200, num_samples=10,
                                   projection_sweeps=30, fsp_steps=50, fsp_context=20, marglik_steps=10, lowrank=5,
+                                  subnetwork_swag_steps=100,
                                   angles=(0, 90), swag_snapshots=4, ensemble_members=2)
     return cfg
 
@@ -168,7 +189,7 @@ def _inbetween_config(args):
     if args.quick:
         cfg = dataclasses.replace(cfg, steps=2000, fsp_steps=1000)
     if args.smoke:
-        cfg = dataclasses.replace(cfg, n=30, width=16, steps=200, fsp_steps=50)
+        cfg = dataclasses.replace(cfg, n=30, width=16, steps=200, fsp_steps=50, subnetwork_swag_steps=100)
     return cfg
 
 
@@ -196,6 +217,8 @@ def main(argv=None) -> int:
     """
     args = build_parser().parse_args(argv)
     command = args.command or "demo"
+    if args.seeds < 1:
+        raise SystemExit(f"python -m posteriors {command}: --seeds must be at least 1, got {args.seeds}")
     if command in ("demo", "projected"):
         args.config = _classification_config(args, command)
     elif command == "inbetween":
@@ -218,7 +241,9 @@ def _run(command, args, out: Path) -> int:
     log = Log(quiet=args.quiet)
     out.mkdir(parents=True, exist_ok=True)
     quick = args.quick or args.smoke
-    if command in ("demo", "projected"):
+    if args.seeds > 1 and command in ("projected", "inbetween"):
+        print(_seeds(command, args, out, log))
+    elif command in ("demo", "projected"):
         from posteriors.experiments import classification
 
         result = classification.run(args.config, out, log, name=command if command == "projected" else "demo")
@@ -242,12 +267,33 @@ def _run(command, args, out: Path) -> int:
     elif command == "fsp":
         from posteriors.experiments import fsp
 
-        summary = fsp.run(out, quick, log, parts=args.config)
+        summary = fsp.run(out, quick, log, parts=args.config, seeds=args.seeds)
         if "maunaloa" in summary:
             print(summary["maunaloa"]["markdown"])
     files = sorted(p.name for p in out.iterdir() if p.is_file())
     print(f"\nwrote to {out}/: {', '.join(files)}")
     return 0
+
+
+def _seeds(command, args, out: Path, log) -> str:
+    """``projected`` or ``inbetween`` once per seed, each into ``out/seed<k>/``, and the mean ± standard error of
+    every table entry over them (`write_seed_table`); returns its Markdown."""
+    import json
+
+    from posteriors.experiments import classification, inbetween
+    from posteriors.experiments._common import write_seed_table
+
+    per_seed, seeds = [], [args.seed + k for k in range(args.seeds)]
+    for seed in seeds:
+        log(f"seed {seed} ({len(per_seed) + 1} of {len(seeds)})")
+        cfg = dataclasses.replace(args.config, seed=seed)
+        module = classification if command == "projected" else inbetween
+        per_seed.append(module.run(cfg, out / f"seed{seed}", log, name=command)["rows"])
+    record = json.loads((out / f"seed{seeds[-1]}" / f"{command}.json").read_text())
+    config = dict(record["meta"]["config"], seed=seeds)
+    return write_seed_table(out, f"{command}_seeds", record["title"], list(record["columns"].items()), per_seed,
+                            [f"Seeds {', '.join(map(str, seeds))}: each seed's table, notes and figures in "
+                             "seed<k>/."], {"config": config})
 
 
 def _subnetwork_text(summary) -> str:

@@ -33,7 +33,7 @@ from linops.kernels import RBF, Matern12, Matern52, Periodic, RationalQuadratic,
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import from_equinox
 from posteriors import data as pdata
-from posteriors.experiments._common import pyplot, write_table
+from posteriors.experiments._common import pyplot, write_seed_table, write_table
 from posteriors.experiments.training import train, train_map
 
 
@@ -177,12 +177,13 @@ def _co2_features(fn_mlp, t_mean, t_std):
     return fn
 
 
-def maunaloa_fit(log, *, dtype=jnp.float32, train_fraction: float = 0.7, num_context: int = 100):
+def maunaloa_fit(log, *, dtype=jnp.float32, train_fraction: float = 0.7, num_context: int = 100, seed: int = 0):
     """Appendix B's Mauna Loa protocol on the offline record: monthly means, the first 70% of the months
     (chronologically) for training, the last 30% for testing, standardised time and CO2, the
     Rasmussen-Williams kernel (hyperparameters by the exact GP marginal likelihood on the training months),
     a tanh MLP 3-50-50-1 of (x, sin 2 pi t, cos 2 pi t) trained by algorithm 1 with 100 uniform context points a
     step over the whole period, and `num_context` context points on a regular grid for the Laplace step.
+    ``seed``: the network's initialisation and minibatches (the GP's fit is the same for every seed).
     Returns everything the evaluation needs (the FSP posterior is left to the caller: `fsp_posterior`)."""
     t, y = monthly_co2()
     n_train = int(round(train_fraction * len(t)))
@@ -202,7 +203,7 @@ def maunaloa_fit(log, *, dtype=jnp.float32, train_fraction: float = 0.7, num_con
                 key=jax.random.key(11), progress=not log.quiet)
     kernel, noise = gp.kernel, float(gp.noise_variance)
     sigma = float(np.sqrt(noise))
-    fn_mlp, params0 = from_equinox(eqx.nn.MLP(3, 1, 50, 2, activation=jnp.tanh, key=jax.random.key(12)))
+    fn_mlp, params0 = from_equinox(eqx.nn.MLP(3, 1, 50, 2, activation=jnp.tanh, key=jax.random.key(12 + 100 * seed)))
     params0 = jax.tree_util.tree_map(lambda a: a.astype(dtype), params0)
     fn = _co2_features(fn_mlp, t_mean, t_std)
     box = jnp.array([[float(x.min())], [float(x.max())]], dtype)
@@ -210,8 +211,8 @@ def maunaloa_fit(log, *, dtype=jnp.float32, train_fraction: float = 0.7, num_con
                                   context=lambda k: pst.context.uniform(k, box, 100, padding=0.0))
     steps = 6000
     t0 = time.perf_counter()
-    fsp_params, _ = train(objective, params0, (X, Y), steps=steps, learning_rate=3e-3, key=jax.random.key(13),
-                          chunks=5, log=log, label="FSP training")
+    fsp_params, _ = train(objective, params0, (X, Y), steps=steps, learning_rate=3e-3,
+                          key=jax.random.key(13 + 100 * seed), chunks=5, log=log, label="FSP training")
     return {"t": t, "y": y, "is_train": is_train, "x": x, "X": X, "Y": Y, "Xt": Xt, "mu": mu, "sd": sd,
             "kernel": kernel, "noise": noise, "sigma": sigma, "fn": fn, "params0": params0, "steps": steps,
             "fsp_params": fsp_params, "fsp_train_s": time.perf_counter() - t0,
@@ -234,14 +235,15 @@ def co2_scores(fit, mean, var, noise_var) -> dict:
             "test_mse": float(np.mean((yt - m) ** 2)), "test_std_mean": float(np.sqrt(v).mean())}
 
 
-def maunaloa(out, quick, log):
+def maunaloa(out, quick, log, *, seed: int = 0):
     """Table 1 of the paper on the offline record (`maunaloa_fit`; ``quick`` changes nothing): FSP-Laplace under the
     Rasmussen-Williams kernel
     against linearised Laplace (full GGN, isotropic prior, prior precision and noise by the evidence) on the same
     network (in float64), and the exact GP as a reference; test log-likelihood and MSE in ppm. FSP-Laplace is
-    computed in float32 and in float64 (the cut-off study of the docs' results page)."""
+    computed in float32 and in float64 (the cut-off study of the docs' results page). ``seed``: the networks'
+    initialisations and minibatches."""
     plt = pyplot()
-    fit = maunaloa_fit(log)
+    fit = maunaloa_fit(log, seed=seed)
     X, Y, Xt, kernel, noise, sigma, fn = (fit[k] for k in ("X", "Y", "Xt", "kernel", "noise", "sigma", "fn"))
     t, y, is_train = fit["t"], fit["y"], fit["is_train"]
     log(f"Mauna Loa: {int(is_train.sum())} training months ({t[0]:.0f}-{t[is_train][-1]:.1f}), "
@@ -269,7 +271,7 @@ def maunaloa(out, quick, log):
     # is not numerically positive definite.
     t0 = time.perf_counter()
     map_params, _ = train_map(fn, fit["params0"], X, Y, Gaussian(sigma), 1.0, steps=fit["steps"], learning_rate=3e-3,
-                           key=jax.random.key(14), log=log, label="MAP training")
+                           key=jax.random.key(14 + 100 * seed), log=log, label="MAP training")
     grid = jnp.linspace(float(fit["x"].min()), float(fit["x"].max()), 800)[:, None]
     with jax.enable_x64(True):
         f64 = lambda a: jnp.asarray(a, jnp.float64)  # noqa: E731
@@ -300,8 +302,9 @@ def maunaloa(out, quick, log):
              "The paper used the monthly NOAA record 1974-2024 (not shipped in any package): the numbers are not "
              "comparable with its table 1, only the ranking is."]
     md = write_table(out, "fsp_maunaloa", "Mauna Loa CO2: extrapolation", columns, rows, notes,
-                     {"gp_kernel": repr(kernel), "gp_noise_variance": noise, "fsp_info": info, "laplace_report": {
-                         "prior_precision": np.asarray(report["prior_precision"]).tolist(), "sigma": lap_sigma}})
+                     {"seed": seed, "gp_kernel": repr(kernel), "gp_noise_variance": noise, "fsp_info": info,
+                      "laplace_report": {"prior_precision": np.asarray(report["prior_precision"]).tolist(),
+                                         "sigma": lap_sigma}})
     fig, ax = plt.subplots(figsize=(11, 4))
     for label, (m, v, nv), color in (("FSP-Laplace", (*fsp_post.predictive(grid), sigma**2), "tab:green"),
                                       ("Laplace", (*lap_grid, lap_sigma**2), "tab:red")):
@@ -317,7 +320,17 @@ def maunaloa(out, quick, log):
     fig.tight_layout()
     fig.savefig(out / "fsp_maunaloa.png", dpi=110)
     plt.close(fig)
-    return {"markdown": md, "rows": rows, "fsp_info": info}
+    return {"markdown": md, "rows": rows, "fsp_info": info, "columns": columns}
+
+
+def maunaloa_seeds(out, quick, log, *, seeds: int):
+    """`maunaloa` once per seed ``0 .. seeds - 1``, each into ``out/seed<k>/``, and the mean ± standard error of its
+    table over them (``fsp_maunaloa_seeds.{json,md}``); the GP's row is the same for every seed."""
+    results = [maunaloa(out / f"seed{seed}", quick, log, seed=seed) for seed in range(seeds)]
+    md = write_seed_table(out, "fsp_maunaloa_seeds", "Mauna Loa CO2: extrapolation", results[0]["columns"],
+                          [r["rows"] for r in results], [f"Seeds 0 to {seeds - 1}: each seed's table, notes and "
+                                                         "figure in seed<k>/."], {"seeds": list(range(seeds))})
+    return {"markdown": md, "per_seed": [r["rows"] for r in results]}
 
 
 def _fsp_info(post) -> dict:
@@ -325,8 +338,9 @@ def _fsp_info(post) -> dict:
             "lanczos_steps": int(post.info.lanczos_steps), "max_variance_ratio": float(post.info.max_variance_ratio)}
 
 
-def run(out, quick, log, *, parts=("regression", "two_moons", "maunaloa", "uci", "mnist")):
-    """The FSP experiments named in ``parts``; writes their figures, tables and ``fsp_summary.json``."""
+def run(out, quick, log, *, parts=("regression", "two_moons", "maunaloa", "uci", "mnist"), seeds: int = 1):
+    """The FSP experiments named in ``parts``; writes their figures, tables and ``fsp_summary.json``. ``seeds`` > 1:
+    Mauna Loa once per seed (`maunaloa_seeds`)."""
     import json
 
     out.mkdir(parents=True, exist_ok=True)
@@ -334,7 +348,8 @@ def run(out, quick, log, *, parts=("regression", "two_moons", "maunaloa", "uci",
     from posteriors.experiments import fsp_mnist, uci
 
     for part in parts:
-        summary[part] = {"regression": regression, "two_moons": two_moons, "maunaloa": maunaloa,
+        mauna = maunaloa if seeds == 1 else (lambda o, q, lg: maunaloa_seeds(o, q, lg, seeds=seeds))
+        summary[part] = {"regression": regression, "two_moons": two_moons, "maunaloa": mauna,
                          "uci": uci.run, "mnist": fsp_mnist.run}[part](out, quick, log)
     (out / "fsp_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary

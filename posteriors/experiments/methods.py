@@ -31,3 +31,12 @@ DEFAULT_METHODS = tuple(m for m in METHODS if m != "full")
 PROJECTED_METHODS = ("map", "projected", "loss_projected", "swag", "last_layer", "diag", "ensemble")
 """``projected``'s methods: the rows of the projected-Bayes paper's tables 2-3, in its order, and the deep
 ensemble of its table 5."""
+
+WIDE_PRIOR_GRID = tuple(10.0**k for k in range(-4, 5))
+"""The subnetwork paper's range for its baselines' prior precision (appendix D.3: 1e-4 to 1e4, then a fine grid
+around the best: `posteriors.experiments._common.grid_search`)."""
+
+SWAG_GRID = tuple((lr, wd) for lr in (1e-3, 3e-3, 1e-2, 3e-2) for wd in (3e-4, 3e-3, 3e-2))
+"""SWAG's (learning rate, weight decay) candidates, chosen by validation NLL (`posteriors.experiments._common.
+swag_search`; the subnetwork paper's appendix D.3 tuned SWAG too): the projected paper's fixed (1e-2, 3e-4) among
+them."""

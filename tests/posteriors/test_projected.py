@@ -230,3 +230,47 @@ def test_done_when_an_equinox_model_keeps_its_training_predictions():
     assert_close(train, jnp.broadcast_to(map_pred, train.shape), atol=1e-7)  # ...but not the training fit
     test_point = jnp.array([[4.0, -4.0]])
     assert float(post.predictive_variance(jax.random.key(4), test_point, 16).max()) > 1e-6
+
+
+def test_theorem_3_3_and_lemma_3_5_on_a_dense_network():
+    """The projected paper's bounds, on a tanh MLP with 24 Jacobian rows for 101 parameters and a Gaussian likelihood
+    of unit noise (GGN = J^T J), checked against the library's posteriors:
+
+    - theorem 3.3: at every training input the linearised Laplace predictive variance, summed over the O outputs,
+      is the proof's identity sum_i s_i^2 / (s_i^2 + alpha) ||w_i restricted to the input||^2 (s_i, w_i: J's
+      singular values and left vectors), and lies between O g^2 / (g^2 + alpha) and O l^2 / (l^2 + alpha) (g, l:
+      J's smallest and largest singular values);
+    - lemma 3.5: the difference between the Laplace covariance and the projected covariance (I - P) / alpha has
+      spectral norm 1 / (tau + alpha) (tau: the GGN's smallest non-zero eigenvalue; the lemma's bound, attained),
+      and the 2-Wasserstein distance between the two Gaussians, from the general formula, is
+      sum_i 1 / (lambda_i + alpha) <= k / (tau + alpha) over the GGN's k non-zero eigenvalues.
+    alpha is between g^2 and l^2, so the bounds are not met trivially."""
+    import scipy.linalg
+
+    params, X, J, null, _ = _setup(2, 8)
+    N, O, P = X.shape[0], 3, J.shape[1]
+    Y = jax.vmap(_fn, (None, 0))(params, X)
+    W, s, _ = np.linalg.svd(J, full_matrices=False)
+    assert s.size == N * O and s.min() > 1e-6  # J has full row rank: every s_i is positive
+    g, l = s.min(), s.max()
+    alpha = float(g * l)  # between g^2 and l^2
+    lap = pst.laplace(_fn, params, (X, Y), Gaussian(1.0), structure="full", prior_precision=alpha, progress=False)
+    _, var = pst.predictive.linearized(lap, X, progress=False)
+    total = np.asarray(var).sum(axis=1)
+    identity = (W.reshape(N, O, -1) ** 2).sum(axis=1) @ (s**2 / (s**2 + alpha))
+    assert_close(total, identity, rtol=1e-9)
+    assert np.all(total >= O * g**2 / (g**2 + alpha)) and np.all(total <= O * l**2 / (l**2 + alpha))
+    assert total.min() < O * 0.9 and total.max() > O * g**2 / (g**2 + alpha) * 1.1  # not at the bounds' ends
+
+    proj = pst.projected_posterior(_fn, params, (X, Y), batch_size=3, prior_precision=alpha, rtol=1e-12)
+    sigma_proj = np.asarray(proj.covariance @ jnp.eye(P))
+    sigma_lap = np.asarray(lap.covariance.as_matrix())
+    assert_close(sigma_proj, null / alpha, atol=1e-8)
+    lam = s**2  # the GGN's non-zero eigenvalues
+    tau, k = lam.min(), lam.size
+    assert np.linalg.norm(sigma_lap - sigma_proj, 2) == pytest.approx(1.0 / (tau + alpha), rel=1e-6)
+    root = np.real(scipy.linalg.sqrtm(sigma_proj))
+    cross = np.real(scipy.linalg.sqrtm(root @ sigma_lap @ root))
+    w2 = np.trace(sigma_lap + sigma_proj - 2 * cross)
+    assert w2 == pytest.approx(np.sum(1.0 / (lam + alpha)), rel=1e-5)
+    assert w2 <= k / (tau + alpha)
