@@ -28,7 +28,9 @@ FINE_STEPS = tuple(k / 4 for k in (-3, -2, -1, 1, 2, 3))
 def grid_search(nll_of, grid, *, refine: bool = False, limits=(1e-8, 1e8), also=()) -> tuple[float, dict, bool]:
     """The value of ``grid`` and ``also`` (prior precisions; ``also``: another grid's points) with the lowest
     ``nll_of(value)`` (a validation NLL); with ``refine``, a decade more at a time while the best is the edge of
-    what was tried (within ``limits``), then quarter decades around it (`FINE_STEPS`).
+    what was tried (within ``limits``), then quarter decades around it (`FINE_STEPS`). A value whose posterior is
+    not numerically positive definite (the library's `ValueError`: too small a precision for the dtype) gets an
+    infinite NLL.
     Returns ``(best, {value: NLL} sorted, at_edge)``, ``at_edge`` when the best is the smallest or largest value
     tried (the search did not bracket it).
 
@@ -43,7 +45,12 @@ def grid_search(nll_of, grid, *, refine: bool = False, limits=(1e-8, 1e8), also=
     def search(values):
         for value in values:
             if float(value) not in nlls:
-                nlls[float(value)] = float(nll_of(float(value)))
+                try:
+                    nlls[float(value)] = float(nll_of(float(value)))
+                except ValueError as err:  # too small a precision for the dtype: a losing candidate, not a failure
+                    if "not numerically positive definite" not in str(err):
+                        raise
+                    nlls[float(value)] = float("inf")
         return min(nlls, key=nlls.get)
 
     best = search((*grid, *also))

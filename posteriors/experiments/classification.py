@@ -579,15 +579,27 @@ def _figures(out, name, reliability, scores, shifts):
     plt.close(fig)
 
     if shifts:
-        fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-        for label, by_angle in shifts.items():
-            angles = list(by_angle)
-            for ax, metric in zip(axes, ("accuracy", "nll", "ece"), strict=True):
-                ax.plot(angles, [by_angle[a][metric] for a in angles], marker="o", label=label)
-        for ax, metric in zip(axes, ("accuracy", "NLL", "ECE"), strict=True):
-            ax.set(xlabel="rotation (degrees)", ylabel=metric)
-        axes[0].legend(fontsize=7)
-        fig.suptitle("Rotated held-in test images")
-        fig.tight_layout()
-        fig.savefig(out / f"{name}_rotation.png", dpi=100)
-        plt.close(fig)
+        rotation_figure(out, name, shifts)
+
+
+def rotation_figure(out, name, shifts):
+    """``name_rotation.png``: accuracy, NLL and ECE against the rotation angle, one line per method (``shifts``:
+    ``{method: {angle: {"accuracy", "nll", "ece"}}}``, as in the JSON's ``meta.shift``); a colour each (20 before
+    one repeats), dashed for a baseline as its paper tuned it, the legend beside the panels."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+    colors = plt.get_cmap("tab20").colors
+    for i, (label, by_angle) in enumerate(shifts.items()):
+        angles = sorted(by_angle, key=float)
+        for ax, metric in zip(axes, ("accuracy", "nll", "ece"), strict=True):
+            ax.plot([float(a) for a in angles], [by_angle[a][metric] for a in angles], marker="o", ms=3,
+                    color=colors[(2 * i) % 20 + (2 * i) // 20 % 2], ls="--" if "(paper's" in label else "-",
+                    label=label)
+    for ax, metric in zip(axes, ("accuracy", "NLL", "ECE"), strict=True):
+        ax.set(xlabel="rotation (degrees)", ylabel=metric)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="center right")
+    fig.suptitle("Rotated held-in test images")
+    fig.tight_layout(rect=(0, 0, 0.8, 1))
+    fig.savefig(out / f"{name}_rotation.png", dpi=100)
+    plt.close(fig)

@@ -175,6 +175,27 @@ def test_the_seeds_table_is_each_entrys_mean_and_standard_error(tmp_path):
     assert (tmp_path / "t.md").read_text() == md
 
 
+def test_the_grid_search_extends_past_an_edge_refines_and_skips_what_cannot_be_factored():
+    """`grid_search` on a known NLL with its minimum at 3,000: the grid 0.1 to 100 has it at its edge, so the
+    search goes a decade on (1,000, then 10,000 brackets it) and refines by quarter decades (3,162 wins); a value
+    whose posterior cannot be factored counts as an infinite NLL; any other error is raised."""
+    from posteriors.experiments._common import FINE_STEPS, grid_search
+
+    def nll_of(a):
+        if a < 0.05:
+            raise ValueError("laplace: the posterior precision ... is not numerically positive definite in float32")
+        return (np.log10(a) - np.log10(3000.0)) ** 2
+
+    best, nlls, at_edge = grid_search(nll_of, (0.1, 1.0, 10.0, 100.0), refine=True, also=(0.01,))
+    assert best == pytest.approx(10**3.5) and not at_edge and nlls[0.01] == float("inf")
+    assert {1000.0, 10000.0} <= set(nlls) and len(nlls) == 7 + len(FINE_STEPS)
+    assert list(nlls) == sorted(nlls)
+    best, nlls, at_edge = grid_search(lambda a: -a, (1.0, 10.0), refine=True, limits=(1e-2, 1e3))
+    assert best == pytest.approx(1e3 * 10**0.75) and at_edge  # stopped at the limit, then refined: still the edge
+    with pytest.raises(ValueError, match="another error"):
+        grid_search(lambda a: (_ for _ in ()).throw(ValueError("another error")), (1.0,))
+
+
 def test_seeds_must_be_positive(tmp_path):
     with pytest.raises(SystemExit, match=r"python -m posteriors inbetween: --seeds must be at least 1, got 0"):
         main(["inbetween", "--seeds", "0", "--out", str(tmp_path / "never")])

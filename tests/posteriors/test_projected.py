@@ -248,19 +248,20 @@ def test_theorem_3_3_and_lemma_3_5_on_a_dense_network():
     import scipy.linalg
 
     params, X, J, null, _ = _setup(2, 8)
-    N, O, P = X.shape[0], 3, J.shape[1]
+    N, K, P = X.shape[0], 3, J.shape[1]  # K outputs
     Y = jax.vmap(_fn, (None, 0))(params, X)
     W, s, _ = np.linalg.svd(J, full_matrices=False)
-    assert s.size == N * O and s.min() > 1e-6  # J has full row rank: every s_i is positive
-    g, l = s.min(), s.max()
-    alpha = float(g * l)  # between g^2 and l^2
+    assert s.size == N * K and s.min() > 1e-6  # J has full row rank: every s_i is positive
+    lo_sv, hi_sv = s.min(), s.max()
+    alpha = float(lo_sv * hi_sv)  # between the two squared
     lap = pst.laplace(_fn, params, (X, Y), Gaussian(1.0), structure="full", prior_precision=alpha, progress=False)
     _, var = pst.predictive.linearized(lap, X, progress=False)
     total = np.asarray(var).sum(axis=1)
-    identity = (W.reshape(N, O, -1) ** 2).sum(axis=1) @ (s**2 / (s**2 + alpha))
+    identity = (W.reshape(N, K, -1) ** 2).sum(axis=1) @ (s**2 / (s**2 + alpha))
     assert_close(total, identity, rtol=1e-9)
-    assert np.all(total >= O * g**2 / (g**2 + alpha)) and np.all(total <= O * l**2 / (l**2 + alpha))
-    assert total.min() < O * 0.9 and total.max() > O * g**2 / (g**2 + alpha) * 1.1  # not at the bounds' ends
+    lower, upper = K * lo_sv**2 / (lo_sv**2 + alpha), K * hi_sv**2 / (hi_sv**2 + alpha)
+    assert np.all(total >= lower) and np.all(total <= upper)
+    assert total.min() < 0.9 * upper and total.max() > 1.1 * lower  # the bounds are not met trivially
 
     proj = pst.projected_posterior(_fn, params, (X, Y), batch_size=3, prior_precision=alpha, rtol=1e-12)
     sigma_proj = np.asarray(proj.covariance @ jnp.eye(P))
