@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--seeds", type=int, default=1, metavar="N",
                            help="run the seeds --seed to --seed + N - 1, each into <out>/seed<k>/, and write the "
                                 "mean ± standard error over them as <name>_seeds.{json,md} (fsp: its Mauna Loa "
-                                "part, from seed 0; default: 1)")
+                                "part; default: 1)")
         if name in ("demo", "projected", "inbetween"):
             known = METHODS if name == "inbetween" else CLASSIFICATION_METHODS
             chosen = {"demo": DEFAULT_METHODS, "projected": PROJECTED_METHODS, "inbetween": METHODS}[name]
@@ -267,7 +267,7 @@ def _run(command, args, out: Path) -> int:
     elif command == "fsp":
         from posteriors.experiments import fsp
 
-        summary = fsp.run(out, quick, log, parts=args.config, seeds=args.seeds)
+        summary = fsp.run(out, quick, log, parts=args.config, seed=args.seed, seeds=args.seeds)
         if "maunaloa" in summary:
             print(summary["maunaloa"]["markdown"])
     files = sorted(p.name for p in out.iterdir() if p.is_file())

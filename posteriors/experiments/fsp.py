@@ -323,13 +323,14 @@ def maunaloa(out, quick, log, *, seed: int = 0):
     return {"markdown": md, "rows": rows, "fsp_info": info, "columns": columns}
 
 
-def maunaloa_seeds(out, quick, log, *, seeds: int):
-    """`maunaloa` once per seed ``0 .. seeds - 1``, each into ``out/seed<k>/``, and the mean ± standard error of its
-    table over them (``fsp_maunaloa_seeds.{json,md}``); the GP's row is the same for every seed."""
-    results = [maunaloa(out / f"seed{seed}", quick, log, seed=seed) for seed in range(seeds)]
+def maunaloa_seeds(out, quick, log, *, seeds: int, first: int = 0):
+    """`maunaloa` once per seed ``first .. first + seeds - 1``, each into ``out/seed<k>/``, and the mean ± standard
+    error of its table over them (``fsp_maunaloa_seeds.{json,md}``); the GP's row is the same for every seed."""
+    chosen = list(range(first, first + seeds))
+    results = [maunaloa(out / f"seed{seed}", quick, log, seed=seed) for seed in chosen]
     md = write_seed_table(out, "fsp_maunaloa_seeds", "Mauna Loa CO2: extrapolation", results[0]["columns"],
-                          [r["rows"] for r in results], [f"Seeds 0 to {seeds - 1}: each seed's table, notes and "
-                                                         "figure in seed<k>/."], {"seeds": list(range(seeds))})
+                          [r["rows"] for r in results], [f"Seeds {chosen[0]} to {chosen[-1]}: each seed's table, "
+                                                         "notes and figure in seed<k>/."], {"seeds": chosen})
     return {"markdown": md, "per_seed": [r["rows"] for r in results]}
 
 
@@ -338,9 +339,11 @@ def _fsp_info(post) -> dict:
             "lanczos_steps": int(post.info.lanczos_steps), "max_variance_ratio": float(post.info.max_variance_ratio)}
 
 
-def run(out, quick, log, *, parts=("regression", "two_moons", "maunaloa", "uci", "mnist"), seeds: int = 1):
-    """The FSP experiments named in ``parts``; writes their figures, tables and ``fsp_summary.json``. ``seeds`` > 1:
-    Mauna Loa once per seed (`maunaloa_seeds`)."""
+def run(out, quick, log, *, parts=("regression", "two_moons", "maunaloa", "uci", "mnist"), seed: int = 0,
+        seeds: int = 1):
+    """The FSP experiments named in ``parts``; writes their figures, tables and ``fsp_summary.json``. ``seed`` and
+    ``seeds``: Mauna Loa's networks (``seeds`` > 1: once per seed from ``seed``, `maunaloa_seeds`); the other parts
+    keep their own seeds."""
     import json
 
     out.mkdir(parents=True, exist_ok=True)
@@ -348,7 +351,8 @@ def run(out, quick, log, *, parts=("regression", "two_moons", "maunaloa", "uci",
     from posteriors.experiments import fsp_mnist, uci
 
     for part in parts:
-        mauna = maunaloa if seeds == 1 else (lambda o, q, lg: maunaloa_seeds(o, q, lg, seeds=seeds))
+        mauna = ((lambda o, q, lg: maunaloa(o, q, lg, seed=seed)) if seeds == 1 else
+                 (lambda o, q, lg: maunaloa_seeds(o, q, lg, seeds=seeds, first=seed)))
         summary[part] = {"regression": regression, "two_moons": two_moons, "maunaloa": mauna,
                          "uci": uci.run, "mnist": fsp_mnist.run}[part](out, quick, log)
     (out / "fsp_summary.json").write_text(json.dumps(summary, indent=2, default=str))
