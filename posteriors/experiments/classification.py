@@ -330,9 +330,9 @@ def choose_swag(fn, params, train, validation, cfg: Config, log: Log, key):
     edge = (len(lrs) > 1 and lr in (min(lrs), max(lrs))) or (len(wds) > 1 and wd in (min(wds), max(wds)))
     record = {"nll": {f"lr={a:g},wd={b:g}": v[0] for (a, b), v in fits.items()}, "learning_rate": lr,
               "weight_decay": wd, "at_edge": edge}
-    paper = (float(cfg.swag_learning_rate), float(cfg.swag_weight_decay))
-    if cfg.paper_grid is not None and fits.get(paper, (None, None))[1] is not None:
-        record["paper_posterior"] = fits[paper][1]  # the paper's fixed settings (taken out before recording)
+    _, at_papers = fits.get((float(cfg.swag_learning_rate), float(cfg.swag_weight_decay)), (None, None))
+    if cfg.paper_grid is not None and at_papers is not None:
+        record["paper_posterior"] = at_papers  # the paper's fixed settings (taken out before recording)
     return post, record
 
 
