@@ -38,8 +38,10 @@ from collections.abc import Callable
 
 import equinox as eqx
 import jax
+import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 import linops as lo
 from linops.kernels import Independent, Kernel
@@ -280,14 +282,62 @@ class FSPLaplacePosterior(AbstractLowRankPosterior):
         return self.prior.variance_at(inputs, self.map_outputs(inputs[:1]).shape[1])
 
 
+_BUDGET = 1 << 25  # numbers a product with many columns holds at once: examples x columns x one example's activations
+_COLUMNS = 16  # columns per block a default batch size leaves room for
+
+
+def _activations(fn, params, x) -> int:
+    """The numbers one example's forward pass computes (the outputs of every operation of ``fn``'s program,
+    nested programs included): what a JVP or a VJP of a batch holds per example and column."""
+    def count(jaxpr):
+        own = sum(int(np.prod(v.aval.shape)) for eqn in jaxpr.eqns for v in eqn.outvars
+                  if hasattr(v.aval, "shape"))
+        return own + sum(count(sub) for sub in jex.core.subjaxprs(jaxpr))
+
+    return max(1, count(jax.make_jaxpr(lambda x: fn(params, x))(x).jaxpr))
+
+
+def _plan(num_examples: int, batch_size: int | None, activations: int, num_params: int,
+          columns: int) -> tuple[int, int]:
+    """``(examples per batch, columns per block)`` of a product with ``columns`` columns. A block's columns hold
+    the batch's activations and three parameter-length vectors each (the tangent, the batch's product, the
+    running sum): at most `_BUDGET` numbers or as many as the ``(P, rank)`` factors the algorithm keeps anyway,
+    whichever is more. A default batch (None) leaves room for `_COLUMNS` columns: each block repeats the
+    batch's forward pass, so blocks of one column repeat it for every column."""
+    if batch_size is None:
+        batch_size = min(num_examples, max(1, _BUDGET // (activations * min(columns, _COLUMNS))))
+    budget = max(_BUDGET, num_params * columns)
+    return int(batch_size), int(min(columns, max(1, budget // (batch_size * activations + 3 * num_params))))
+
+
+def _products_plan(fn, params, X, C, rank: int, batch_size, context_batch_size) -> tuple[int, int, int, int]:
+    """`_algorithm2`'s plan: ``(examples per GGN batch, GGN columns per block, context points per Jacobian
+    batch, Jacobian columns per block)`` for products with ``rank`` columns (`_plan`)."""
+    act, P = _activations(fn, params, C[0]), int(ravel(params)[0].shape[0])
+    return (*_plan(X.shape[0], batch_size, act, P, rank), *_plan(C.shape[0], context_batch_size, act, P, rank))
+
+
+def _by_columns(apply, V, block: int):
+    """``apply(V)``, ``block`` columns of ``V`` at a time (the last block padded with zero columns)."""
+    k = V.shape[1]
+    if block >= k:
+        return apply(V)
+    num = -(-k // block)
+    blocks = jnp.pad(V, ((0, 0), (0, num * block - k))).reshape(V.shape[0], num, block).transpose(1, 0, 2)
+    out = lax.map(apply, blocks)  # (num, m, block)
+    return out.transpose(1, 0, 2).reshape(out.shape[1], num * block)[:, :k]
+
+
 def _cutoff(values, rtol):
     """``values > rtol * max|values|`` (a relative cut-off)."""
     return values > rtol * jnp.max(jnp.abs(values))
 
 
 @program
-def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, context_batch_size, rtol, mesh=None,
-                progress=None):
+def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, plan, rtol, mesh=None, progress=None):
+    # plan: from `_products_plan`. The products with the rank columns run in blocks of columns: all at once,
+    # they held a batch's activations per column (LeNet-5, 256 images, rank 500: 67 GB; planned: 2 GB)
+    batch_size, columns, context_batch_size, context_columns = plan
     flat, _ = ravel(params)
     dtype = flat.dtype
     eps = float(np.finfo(dtype).eps)
@@ -299,7 +349,7 @@ def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, 
     L = run.pinv_factor(rtol)
     tick(progress, 1, 4, unit="stage", after=L)  # the stages: Lanczos, J^T L, the GGN products, the rest
     # 2.-3. M = J(C)^T L by VJPs, and its thin SVD; directions below the cut-off are dropped.
-    M = J.T @ L
+    M = _by_columns(lambda W: J.T @ W, L, context_columns)
     U_M, D_M, _ = lo.svd(lo.Dense(M))
     U_M = U_M.as_matrix()
     keep = _cutoff(D_M, rtol)
@@ -312,7 +362,7 @@ def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, 
     #    largest variances, which the extrapolation needs most.) A^-1 = W diag(s^2) W^T from the SVD of
     #    F = D^-1 U_B diag(lambda_B^-1/2), largest variance first.
     G = lo.GGNOp(fn, params, X, Y, likelihood, batch_size=batch_size, mesh=mesh)
-    GU = U_M.T @ (G @ U_M)
+    GU = U_M.T @ _by_columns(lambda W: G @ W, U_M, columns)
     tick(progress, 3, 4, unit="stage", after=GU)
     d_inv = jnp.where(keep, 1.0 / jnp.where(keep, D_M, 1.0), 0.0)
     B = jnp.eye(d_inv.shape[0], dtype=dtype) + d_inv[:, None] * ((GU + GU.T) / 2) * d_inv[None, :]
@@ -324,7 +374,7 @@ def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, batch_size, 
     V = U_M @ W
     # 6. Truncate the smallest eigenvalues of A (the largest variances, first) until the posterior variance is
     #    at most the prior variance at every context point (a relative slack of 10 eps for rounding).
-    JS = J @ (V * jnp.sqrt(inv)[None, :])
+    JS = _by_columns(lambda W: J @ W, V * jnp.sqrt(inv)[None, :], context_columns)
     tail = jnp.cumsum((JS**2)[:, ::-1], axis=1)[:, ::-1]
     tail = jnp.concatenate([tail, jnp.zeros((tail.shape[0], 1), dtype)], axis=1)
     prior_var = lo.diag(K).astype(dtype)
@@ -352,8 +402,15 @@ def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likeliho
             of the training inputs' shape (images), which the kernel sees flattened.
         likelihood: the training likelihood (its Hessian enters the GGN).
         rank: Lanczos steps on $K_{CC}$, at most $n_C O$ (default ``min(500, n_C O)``).
-        batch_size: training examples per GGN batch (memory ``O(batch * rank)``).
-        context_batch_size: context points per Jacobian batch.
+        batch_size: training examples per GGN batch (default: as many as hold $2^{25}$ numbers of
+            the activations of 16 columns, the outputs of every operation of ``fn`` on one example).
+        context_batch_size: context points per Jacobian batch (default: as for ``batch_size``).
+            The products with the rank columns (the GGN's, the context Jacobian's) run in blocks of
+            columns: a block holds the batch's activations and three parameter-length vectors per
+            column, at most $2^{25}$ numbers or as many as the algorithm's own ``(P, rank)`` factors,
+            whichever is more (LeNet-5 with 244,362 parameters, 256 images per batch, rank 500: 2 GB
+            of temporaries, where all columns at once needed 67 GB). A large batch leaves room for
+            few columns per block, and each block repeats the batch's forward pass.
         rtol: relative cut-off of the pseudo-inverses of $K_{CC}$ (its eigenvalues) and of
             $M = J(C)^\top L$ (its singular values). Default $10^{-6}$, in float32 and float64 alike: a
             direction dropped gets zero variance, one kept near the cut-off gets its variance with
@@ -415,8 +472,9 @@ def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likeliho
         rtol = 1e-6
     elif not 0.0 <= float(rtol) < 1.0:
         raise ValueError(f"{who}: rtol must lie in [0, 1), got {rtol!r}")
-    V, d, info = _algorithm2(fn, params, X, Y, C, kernel, likelihood, int(rank), batch_size, context_batch_size,
-                             float(rtol), mesh, "fsp_laplace" if progress else None)
+    plan = _products_plan(fn, params, X, C, int(rank), batch_size, context_batch_size)
+    V, d, info = _algorithm2(fn, params, X, Y, C, kernel, likelihood, int(rank), plan, float(rtol), mesh,
+                             "fsp_laplace" if progress else None)
     return FSPLaplacePosterior(fn, params, V, d, prior, info, batch_size=context_batch_size)
 
 

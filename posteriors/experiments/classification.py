@@ -221,8 +221,7 @@ def fit(method: str, fn, params, train, cfg: Config, log: Log, init=None):
                                        key=jax.random.key(cfg.seed + 3), batch_size=cfg.batch_size, chunks=5,
                                        log=log, label="FSP training")
         context = draw_context(jax.random.key(cfg.seed + 5), cfg.fsp_context)
-        # the GGN products run on all rank (up to 500) columns at once: a CNN's activations for 256 images x 500
-        # columns need 38 GB, for 16 images 2.4 GB
+        # the recorded runs' batches (fsp_laplace now plans its products' memory itself, whatever the batch)
         return pst.fsp_laplace(fn, fsp_params, train, kernel, context, likelihood=lik,
                                batch_size=256 if cfg.architecture == "mlp" else 16, progress=bars,
                                context_batch_size=50)
