@@ -41,13 +41,12 @@ import jax
 import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 import linops as lo
 from linops.kernels import Independent, Kernel
 from linops.likelihoods import Likelihood
 from linops.models import ravel
-from linops.runtime import program, tick
+from linops.runtime import batched_map, program, tick
 from posteriors._checks import check_data, check_finite, check_likelihood, check_params
 from posteriors.gaussian import AbstractLowRankPosterior
 
@@ -318,14 +317,10 @@ def _products_plan(fn, params, X, C, rank: int, batch_size, context_batch_size) 
 
 
 def _by_columns(apply, V, block: int):
-    """``apply(V)``, ``block`` columns of ``V`` at a time (the last block padded with zero columns)."""
-    k = V.shape[1]
-    if block >= k:
+    """``apply(V)``, ``block`` columns of ``V`` at a time (`linops.runtime.batched_map` over its columns)."""
+    if block >= V.shape[1]:
         return apply(V)
-    num = -(-k // block)
-    blocks = jnp.pad(V, ((0, 0), (0, num * block - k))).reshape(V.shape[0], num, block).transpose(1, 0, 2)
-    out = lax.map(apply, blocks)  # (num, m, block)
-    return out.transpose(1, 0, 2).reshape(out.shape[1], num * block)[:, :k]
+    return batched_map(lambda rows: apply(rows.T).T, V.T, block).T
 
 
 def _cutoff(values, rtol):

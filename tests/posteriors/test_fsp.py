@@ -113,7 +113,7 @@ def test_multi_output_classification_matches_the_dense_kronecker_prior():
 
 def test_products_in_blocks_of_columns_and_examples_give_the_dense_posterior(monkeypatch):
     """With a budget of one number, every product with the rank columns runs one example per batch and a few
-    columns per block (a short last block padded): the posterior is still the dense one."""
+    columns per block (and a shorter last block): the posterior is still the dense one."""
     monkeypatch.setattr(fsp, "_BUDGET", 1)
     params, X, Y = _toy()
     C = jnp.linspace(-2.0, 2.0, 12)[:, None]
