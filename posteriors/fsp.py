@@ -331,7 +331,7 @@ def _cutoff(values, rtol):
 @program
 def _algorithm2(fn, params, X, Y, C, kernel, likelihood, num_steps, plan, rtol, mesh=None, progress=None):
     # plan: from `_products_plan`. The products with the rank columns run in blocks of columns: all at once,
-    # they held a batch's activations per column (LeNet-5, 256 images, rank 500: 67 GB; planned: 2 GB)
+    # they held a batch's activations per column (LeNet-5, 256 images, rank 500: 67 GB; planned: 1.5 GB)
     batch_size, columns, context_batch_size, context_columns = plan
     flat, _ = ravel(params)
     dtype = flat.dtype
@@ -403,7 +403,7 @@ def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likeliho
             The products with the rank columns (the GGN's, the context Jacobian's) run in blocks of
             columns: a block holds the batch's activations and three parameter-length vectors per
             column, at most $2^{25}$ numbers or as many as the algorithm's own ``(P, rank)`` factors,
-            whichever is more (LeNet-5 with 244,362 parameters, 256 images per batch, rank 500: 2 GB
+            whichever is more (LeNet-5 with 244,362 parameters, 256 images per batch, rank 500: 1.5 GB
             of temporaries, where all columns at once needed 67 GB). A large batch leaves room for
             few columns per block, and each block repeats the batch's forward pass.
         rtol: relative cut-off of the pseudo-inverses of $K_{CC}$ (its eigenvalues) and of
