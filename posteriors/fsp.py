@@ -48,6 +48,7 @@ from linops.likelihoods import Likelihood
 from linops.models import ravel
 from linops.runtime import batched_map, program, tick
 from posteriors._checks import check_data, check_finite, check_likelihood, check_params
+from posteriors._training import positive_int
 from posteriors.gaussian import AbstractLowRankPosterior
 
 
@@ -467,6 +468,9 @@ def fsp_laplace(fn, params, data, prior, context_points, *, likelihood: Likeliho
         rtol = 1e-6
     elif not 0.0 <= float(rtol) < 1.0:
         raise ValueError(f"{who}: rtol must lie in [0, 1), got {rtol!r}")
+    for name, value in (("batch_size", batch_size), ("context_batch_size", context_batch_size)):
+        if value is not None:  # before the plan, which sizes its blocks from them
+            positive_int(value, name, who)
     plan = _products_plan(fn, params, X, C, int(rank), batch_size, context_batch_size)
     V, d, info = _algorithm2(fn, params, X, Y, C, kernel, likelihood, int(rank), plan, float(rtol), mesh,
                              "fsp_laplace" if progress else None)

@@ -272,6 +272,10 @@ def test_bad_input_is_refused_with_a_clear_error():
         pst.fsp_laplace(_fn, params, (X, Y), RBF(), C, likelihood=Gaussian(0.1), rank=8)
     with pytest.raises(ValueError, match="2 lengthscales for inputs of dimension 1"):
         pst.fsp_laplace(_fn, params, (X, Y), RBF(jnp.array([1.0, 2.0])), C, likelihood=Gaussian(0.1))
+    with pytest.raises(ValueError, match=r"fsp_laplace: batch_size must be an integer >= 1, got 2.5"):
+        pst.fsp_laplace(_fn, params, (X, Y), RBF(), C, likelihood=Gaussian(0.1), batch_size=2.5)
+    with pytest.raises(ValueError, match=r"fsp_laplace: context_batch_size must be an integer >= 1, got 0"):
+        pst.fsp_laplace(_fn, params, (X, Y), RBF(), C, likelihood=Gaussian(0.1), context_batch_size=0)
     with pytest.raises(ValueError, match="lengthscale must be positive"):
         RBF(-1.0)
     with pytest.raises(ValueError, match="fn\\(params, x\\) fails on the first input"):
