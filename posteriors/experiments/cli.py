@@ -81,11 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 "and quarter decades around the best, SWAG's learning rate and weight decay by "
                                 "validation NLL (the subnetwork paper's appendix D.3); paper: the projected paper's "
                                 "grid 0.1 to 100 and its fixed SWAG settings (appendix C.3)")
-        if name in ("projected", "inbetween", "fsp"):
+        if name in ("projected", "inbetween", "fsp", "subnetwork"):
             p.add_argument("--seeds", type=int, default=1, metavar="N",
                            help="run the seeds --seed to --seed + N - 1, each into <out>/seed<k>/, and write the "
                                 "mean ± standard error over them as <name>_seeds.{json,md} (fsp: its Mauna Loa "
-                                "part; default: 1)")
+                                "part; subnetwork: its rotated part, as subnetwork_rotated_seeds; default: 1)")
         if name in ("demo", "projected", "inbetween"):
             known = METHODS if name == "inbetween" else CLASSIFICATION_METHODS
             chosen = {"demo": DEFAULT_METHODS, "projected": PROJECTED_METHODS, "inbetween": METHODS}[name]
@@ -261,9 +261,14 @@ def _run(command, args, out: Path) -> int:
     elif command == "subnetwork":
         from posteriors.experiments import subnetwork
 
-        summary = subnetwork.run(out, "smoke" if args.smoke else "quick" if args.quick else "full", log,
-                                 parts=args.config)
-        print(_subnetwork_text(summary))
+        size = "smoke" if args.smoke else "quick" if args.quick else "full"
+        if args.seeds > 1 and "rotated" in args.config:
+            once = tuple(part for part in args.config if part != "rotated")
+            if once:  # the toy regression and the size sweep repeat their own seeds: once
+                print(_subnetwork_text(subnetwork.run(out, size, log, parts=once)))
+            print(_subnetwork_seeds(args, out, size, log))
+        else:
+            print(_subnetwork_text(subnetwork.run(out, size, log, parts=args.config, seed=args.seed)))
     elif command == "fsp":
         from posteriors.experiments import fsp
 
@@ -294,6 +299,32 @@ def _seeds(command, args, out: Path, log) -> str:
     return write_seed_table(out, f"{command}_seeds", record["title"], list(record["columns"].items()), per_seed,
                             [f"Seeds {', '.join(map(str, seeds))}: each seed's table, notes and figures in "
                              "seed<k>/."], {"config": config})
+
+
+def _subnetwork_seeds(args, out: Path, size: str, log) -> str:
+    """``subnetwork``'s rotated part once per seed, each into ``out/seed<k>/``, and the mean ± standard error over
+    them of every method's log-likelihood at each angle and over the angles, and its error at 0°
+    (`write_seed_table`: ``subnetwork_rotated_seeds``); returns its Markdown."""
+    import numpy as np
+
+    from posteriors.experiments import subnetwork
+    from posteriors.experiments._common import write_seed_table
+
+    per_seed, seeds = [], [args.seed + k for k in range(args.seeds)]
+    for seed in seeds:
+        log(f"seed {seed} ({len(per_seed) + 1} of {len(seeds)})")
+        rm = subnetwork.run(out / f"seed{seed}", size, log, parts=("rotated",), seed=seed)["rotated_mnist"]
+        per_seed.append({name: {**{f"ll_{a}": v for a, v in zip(rm["angles"], res["log_likelihood"], strict=True)},
+                                "ll_mean": float(np.mean(res["log_likelihood"])), "error_0": res["error"][0]}
+                         for name, res in rm["results"].items()})
+    columns = ([(f"ll_{a}", f"LL {a}°") for a in rm["angles"]] + [("ll_mean", "LL, mean over angles"),
+                                                                   ("error_0", "error at 0°")])
+    title = (f"Rotated MNIST (LeNet-5, {rm['num_params']} parameters; subnetworks of {rm['subnetwork_size']}): test "
+             "log-likelihood by angle")
+    return write_seed_table(out, "subnetwork_rotated_seeds", title, columns, per_seed,
+                            [f"Seeds {', '.join(map(str, seeds))}: each seed's network, subnetworks, SWAG and "
+                             "ensemble (seed s: the size sweep's network s), on one data split; each seed's "
+                             "summary and figure in seed<k>/."], {"config": {"size": size, "seed": seeds}})
 
 
 def _subnetwork_text(summary) -> str:

@@ -214,24 +214,25 @@ def _tuned(post, validation):
     return post.with_prior(best)
 
 
-def _swag_tuned(fn, params, data, lik, validation, log, bars):
+def _swag_tuned(fn, params, data, lik, validation, log, bars, shift=0):
     """`pst.swag` at the (learning rate, weight decay) of `SWAG_GRID` whose network predictive (30 samples) has
-    the best validation log-likelihood (`swag_search`); returns ``(posterior, (learning rate, weight decay))``."""
+    the best validation log-likelihood (`swag_search`); returns ``(posterior, (learning rate, weight decay))``;
+    ``shift`` moves its keys (a seed)."""
     N = data[0].shape[0]
 
     def fit_at(lr, wd):
-        return pst.swag(fn, params, data, lik, key=jax.random.key(8), learning_rate=lr, prior_precision=wd * N,
+        return pst.swag(fn, params, data, lik, key=jax.random.key(8 + shift), learning_rate=lr, prior_precision=wd * N,
                         batch_size=128, progress=bars)
 
-    fits = swag_search(fit_at, lambda post: pst.metrics.nll(_swag_probs(fn, post, validation[0]), validation[1]),
+    fits = swag_search(fit_at, lambda post: pst.metrics.nll(_swag_probs(fn, post, validation[0], shift), validation[1]),
                        SWAG_GRID, log, "rotated MNIST")
     settings = min(fits, key=lambda k: fits[k][0])
     return fits[settings][1], settings
 
 
-def _swag_probs(fn, post, X):
-    """SWAG's network predictive: the mean softmax over 30 parameter samples."""
-    thetas = post.sample(jax.random.key(10), 30)
+def _swag_probs(fn, post, X, shift=0):
+    """SWAG's network predictive: the mean softmax over 30 parameter samples (``shift`` moves their key)."""
+    thetas = post.sample(jax.random.key(10 + shift), 30)
     logits = jax.vmap(lambda t: jax.vmap(fn, in_axes=(None, 0))(post.unravel(t), X))(thetas)
     return jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0)
 
@@ -249,25 +250,29 @@ def rotated_digits(size):
     return jnp.asarray(tr_x[:, None]), jnp.asarray(tr_y), validation, (te_x, te_y)
 
 
-def rotated_mnist(out, size, log):
+def rotated_mnist(out, size, log, seed: int = 0):
+    """Figure 4's comparison under rotation at ``size``; ``seed`` draws the network's initialisation, its training
+    order, the subnetworks, SWAG and the ensemble (seed ``s``: the network of the size sweep's seed ``s``; the data
+    split is the same for every seed)."""
     from posteriors.experiments.architectures import lenet5
 
     bars = not log.quiet
     plt = pyplot()
     quick = size != "full"
     X, y, validation, (te_x, te_y) = rotated_digits(size)
-    fn, params = lenet5(jax.random.key(3), width=1.0, dtype=jnp.float32)  # the images are float32
+    shift = 10 * seed  # the keys of seed 0 are the recorded run's; seed s's network is the size sweep's
+    fn, params = lenet5(jax.random.key(3 + shift), width=1.0, dtype=jnp.float32)  # the images are float32
     steps = {"smoke": 200, "quick": 1000}.get(size, 3000)
-    params, _ = train_map(fn, params, X, y, Categorical(), 1.0, steps=steps, learning_rate=1e-3, key=jax.random.key(4),
-                       batch_size=128)
+    params, _ = train_map(fn, params, X, y, Categorical(), 1.0, steps=steps, learning_rate=1e-3,
+                          key=jax.random.key(4 + shift), batch_size=128)
     P = int(ravel(params)[0].shape[0])
     S = 200 if size == "smoke" else 2000  # 3.2% of LeNet-5's weights: 32 MB (the paper: 0.38% of ResNet-18, 7.2 GB)
     data, lik = (X, y), Categorical()
-    swag_sel = pst.subnetwork.swag(fn, params, data, lik, S, key=jax.random.key(5), num_steps=300 if quick else 1000,
-                                   learning_rate=1e-3, batch_size=64, progress=bars)
+    swag_sel = pst.subnetwork.swag(fn, params, data, lik, S, key=jax.random.key(5 + shift),
+                                   num_steps=300 if quick else 1000, learning_rate=1e-3, batch_size=64, progress=bars)
     diag_sel = pst.subnetwork.diagonal_laplace(fn, params, data, lik, S, prior_precision=500.0,
-                                               key=jax.random.key(6), progress=bars)
-    rand_sel = pst.subnetwork.random(jax.random.key(7), params, S)
+                                               key=jax.random.key(6 + shift), progress=bars)
+    rand_sel = pst.subnetwork.random(jax.random.key(7 + shift), params, S)
     laplaces = {"Diag Laplace": pst.laplace(fn, params, data, lik, structure="diag", progress=bars)}
     for name, sel in ((f"Subnet, SWAG rule ({S})", swag_sel), (f"Subnet, diag-Laplace rule ({S})", diag_sel),
                       (f"Subnet, random ({S})", rand_sel)):
@@ -275,12 +280,13 @@ def rotated_mnist(out, size, log):
     for name in laplaces:
         laplaces[name] = _tuned(laplaces[name], validation)
         log(f"rotated MNIST: {name}: prior precision {float(np.mean(laplaces[name].prior_precision)):.4g}")
-    swag, swag_settings = _swag_tuned(fn, params, data, lik, validation, log, bars)
+    swag, swag_settings = _swag_tuned(fn, params, data, lik, validation, log, bars, shift)
     log(f"rotated MNIST: SWAG at learning rate {swag_settings[0]:g}, weight decay {swag_settings[1]:g}")
     init = lambda k: lenet5(k, width=1.0, dtype=jnp.float32)[1]  # noqa: E731
     members = {"smoke": 2, "quick": 3}.get(size, 5)
-    ensemble = pst.deep_ensemble(fn, init, data, lik, key=jax.random.key(9), num_members=members, num_steps=steps,
-                                 learning_rate=1e-3, batch_size=128, prior_precision=1.0, progress=bars)
+    ensemble = pst.deep_ensemble(fn, init, data, lik, key=jax.random.key(9 + shift), num_members=members,
+                                 num_steps=steps, learning_rate=1e-3, batch_size=128, prior_precision=1.0,
+                                 progress=bars)
     # the share of each subnetwork's weights that no training digit moves (the dead ReLUs of section 6.3)
     unseen = np.asarray(lo.diag(lo.GGNOp(fn, params, X[:500], y[:500], lik))) == 0
     dead_share = {name: float(np.mean(unseen[np.asarray(sel.indices)]))
@@ -299,7 +305,7 @@ def rotated_mnist(out, size, log):
         probs = {"MAP": jax.nn.softmax(jax.vmap(fn, in_axes=(None, 0))(params, Xr), axis=-1)}
         for name, post in laplaces.items():
             probs[name] = pst.predictive.classification(post, Xr, progress=False)
-        probs["SWAG"] = _swag_probs(fn, swag, Xr)
+        probs["SWAG"] = _swag_probs(fn, swag, Xr, shift)
         probs["Deep ensemble"] = pst.predictive.classification(ensemble, Xr)
         for name, p in probs.items():
             results[name]["log_likelihood"].append(-float(pst.metrics.nll(p, yr)))
@@ -327,10 +333,11 @@ def rotated_mnist(out, size, log):
 PARTS = ("regression", "rotated", "sizes")
 
 
-def run(out, size: str, log, *, parts=PARTS):
+def run(out, size: str, log, *, parts=PARTS, seed: int = 0):
     """The experiments named in ``parts`` (``"regression"``: figure 2; ``"rotated"``: figure 4; ``"sizes"``:
     figure 5, `posteriors.experiments.subnetwork_sizes`) at ``size`` (``"full"``, ``"quick"`` or ``"smoke"``,
-    a tiny run for tests); writes their figures and ``subnetwork_summary.json``."""
+    a tiny run for tests); writes their figures and ``subnetwork_summary.json``. ``seed``: the rotated
+    comparison's (`rotated_mnist`); the toy regression and the size sweep repeat their own seeds."""
     if size not in ("full", "quick", "smoke"):
         raise ValueError(f"subnetwork.run: size must be 'full', 'quick' or 'smoke', got {size!r}")
     unknown = [p for p in parts if p not in PARTS]
@@ -341,7 +348,7 @@ def run(out, size: str, log, *, parts=PARTS):
     if "regression" in parts:
         summary["toy_regression"] = toy_regression(out, size, log)
     if "rotated" in parts:
-        summary["rotated_mnist"] = rotated_mnist(out, size, log)
+        summary["rotated_mnist"] = rotated_mnist(out, size, log, seed)
     if "sizes" in parts:
         from posteriors.experiments.subnetwork_sizes import size_sweep
 

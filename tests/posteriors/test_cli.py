@@ -175,6 +175,39 @@ def test_the_seeds_table_is_each_entrys_mean_and_standard_error(tmp_path):
     assert (tmp_path / "t.md").read_text() == md
 
 
+def test_subnetwork_seeds_run_the_rotated_part_per_seed_and_the_rest_once(tmp_path, monkeypatch, capsys):
+    """``subnetwork --seeds 3``: the rotated part once per seed (``--seed`` to ``--seed + 2``), each into its own
+    ``seed<k>/``; the toy regression and the size sweep once (they repeat their own seeds); the seeds table holds
+    each method's mean ± standard error of the log-likelihood at every angle, over the angles, and the error at
+    0°. ``subnetwork.run`` is replaced by a recorder (the real run is the slow tier's and the reproductions')."""
+    from posteriors.experiments import subnetwork
+
+    calls = []
+
+    def fake_run(out, size, log, *, parts=subnetwork.PARTS, seed=0):
+        calls.append((out.name, size, tuple(parts), seed))
+        if "rotated" not in parts:
+            return {"size": size}
+        ll = {"MAP": [-0.1 * seed, -10.0 - seed], "Subnet": [-0.2, -5.0 + seed]}
+        return {"rotated_mnist": {"num_params": 7, "subnetwork_size": 3, "angles": [0, 90], "results": {
+            name: {"log_likelihood": v, "error": [0.1 * seed, 0.9], "ece": [0.0, 0.5]} for name, v in ll.items()}}}
+
+    monkeypatch.setattr(subnetwork, "run", fake_run)
+    out = tmp_path / "out"
+    assert main(["subnetwork", "--quick", "--seeds", "3", "--seed", "4", "--parts", "regression,rotated", "--quiet",
+                 "--out", str(out), "--compilation-cache", "none"]) == 0
+    assert calls == [("out", "quick", ("regression",), 0), ("seed4", "quick", ("rotated",), 4),
+                     ("seed5", "quick", ("rotated",), 5), ("seed6", "quick", ("rotated",), 6)]
+    record = json.loads((out / "subnetwork_rotated_seeds.json").read_text())
+    table, se = record["mean_se"], np.std([4.0, 5.0, 6.0], ddof=1) / np.sqrt(3)
+    assert record["seeds"] == 3 and record["meta"]["config"] == {"size": "quick", "seed": [4, 5, 6]}
+    assert table["MAP"]["ll_90"] == pytest.approx([-15.0, se])
+    assert table["MAP"]["ll_0"] == pytest.approx([-0.5, 0.1 * se])
+    assert table["Subnet"]["ll_mean"] == pytest.approx([-0.1, se / 2])  # the mean of -0.2 and -5 + seed
+    assert table["MAP"]["error_0"] == pytest.approx([0.5, 0.1 * se])
+    assert "| Subnet | -0.200 ± 0.000 | 0.000 ± 0.577 |" in capsys.readouterr().out
+
+
 def test_the_grid_search_extends_past_an_edge_refines_and_skips_what_cannot_be_factored():
     """`grid_search` on a known NLL with its minimum at 3,000: the grid 0.1 to 100 has it at its edge, so the
     search goes a decade on (1,000, then 10,000 brackets it) and refines by quarter decades (3,162 wins); a value
