@@ -225,6 +225,10 @@ def main(argv=None) -> int:
         args.config = _inbetween_config(args)
     elif command in PARTS:
         args.config = _parts(command, args.parts)
+        seeded = {"subnetwork": "rotated", "fsp": "maunaloa"}[command]
+        if args.seeds > 1 and seeded not in args.config:
+            raise SystemExit(f"python -m posteriors {command}: --seeds repeats the {seeded} part, which --parts "
+                             f"{args.parts} leaves out")
     out = args.out or Path("posteriors-results") / command
     use_compilation_cache(args.compilation_cache)
     try:

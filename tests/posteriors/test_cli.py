@@ -233,6 +233,11 @@ def test_seeds_must_be_positive(tmp_path):
     with pytest.raises(SystemExit, match=r"python -m posteriors inbetween: --seeds must be at least 1, got 0"):
         main(["inbetween", "--seeds", "0", "--out", str(tmp_path / "never")])
     assert not (tmp_path / "never").exists()
+    for command, parts, seeded in (("subnetwork", "regression,sizes", "rotated"), ("fsp", "uci", "maunaloa")):
+        with pytest.raises(SystemExit, match=rf"python -m posteriors {command}: --seeds repeats the {seeded} part, "
+                                             rf"which --parts {parts} leaves out"):
+            main([command, "--parts", parts, "--seeds", "2", "--out", str(tmp_path / "never")])
+    assert not (tmp_path / "never").exists()
 
 
 @pytest.mark.slow
