@@ -266,7 +266,7 @@ def _run(command, args, out: Path) -> int:
         from posteriors.experiments import subnetwork
 
         size = "smoke" if args.smoke else "quick" if args.quick else "full"
-        if args.seeds > 1 and "rotated" in args.config:
+        if args.seeds > 1:  # main() has checked that the parts include "rotated"
             once = tuple(part for part in args.config if part != "rotated")
             if once:  # the toy regression and the size sweep repeat their own seeds: once
                 print(_subnetwork_text(subnetwork.run(out, size, log, parts=once)))
