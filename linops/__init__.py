@@ -67,6 +67,7 @@ from linops.nn import (  # the network operators, re-exported: lo.GGNOp is linop
 )
 from linops.numerics import _slq  # noqa: F401  (registers logdet(method="slq"))
 from linops.numerics._lanczos import Lanczos, LanczosLowRankOp, lanczos
+from linops.numerics._sketched import Sketch, SketchedEigenbasis, SketchedLanczos, sketch, sketched_lanczos
 
 __version__ = "0.1.0"
 
@@ -82,6 +83,7 @@ __all__ = [
     "LossJacobianOp", "lower", "Lowered", "LowRank", "max_nesting", "memory", "models", "nesting_depth", "nn",
     "NoReduction", "pinv",
     "Product", "Projection", "ProjectorOp", "Rule", "RULES", "Scaled", "Selection", "sharded_mm", "shift", "simplify",
+    "Sketch", "sketch", "SketchedEigenbasis", "SketchedLanczos", "sketched_lanczos",
     "Solution", "solve", "sqrt", "svd", "StreamingGGNOp", "Sum", "tags", "to_lineax", "trace", "Transpose", "Zero",
 ]
 

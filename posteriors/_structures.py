@@ -50,6 +50,7 @@ class FitRequest(NamedTuple):
     progress: str | None = None  # the label of a progress bar over the data's batches, or None
     curvature: str = "ggn"  # "ggn", "ef", "fisher" (G and likelihood are then theirs) or "hessian" (G a HessianOp)
     num_points: int | None = None  # "functional": the M training points of its curvature (None: all)
+    sketch_size: int | None = None  # "sketched": the rows of its sketch (None: min(P, max(4096, 50 rank)))
 
 
 REGISTRY: dict[str, type] = {}
@@ -286,6 +287,106 @@ class LowRankGGN(_LowRankForm):
             raise ValueError(f"{r.who}(structure='lowrank'): pass rank=k, the number of GGN eigenpairs kept")
         low = lo.LanczosLowRankOp(r.G, r.rank, r.key, num_steps=r.num_steps, progress=r.progress)
         return cls(low.U, low.d, psd=r.curvature != "hessian")
+
+class _Unavailable(lo.LinearOperator):
+    """A ``P x P`` placeholder whose products refuse, with ``message``: what a structure cannot give."""
+
+    n: int = eqx.field(static=True)
+    _dtype: str = eqx.field(static=True)
+    message: str = eqx.field(static=True)
+
+    @property
+    def shape(self):
+        return (self.n, self.n)
+
+    @property
+    def dtype(self):
+        return jnp.dtype(self._dtype)
+
+    def mv(self, v):
+        raise ValueError(self.message)
+
+    def rmv(self, u):
+        raise ValueError(self.message)
+
+
+@register("sketched")
+class SketchedLowRankGGN(StructuredGGN):
+    r"""The top GGN eigenpairs by sketched Lanczos (`linops.sketched_lanczos`; Miani et al., NeurIPS 2024), kept
+    as their eigenvalues and sketched eigenvectors: memory ``O(P)`` for the run and ``s x rank`` after it, never
+    the ``P x num_steps`` basis of ``"lowrank"``.
+
+    The posterior is the low-rank one, $\Lambda^{-1} = (I - UU^\top)/\alpha + U(\lambda + \alpha)^{-1}U^\top$,
+    with $U^\top w$ read from the sketch ($Q^\top S w$): its predictive variances, log-determinant, evidence
+    and prior tuning work; a product with the covariance, samples and output covariances need $U$ in parameter
+    space and are refused (use ``"lowrank"``). ``rank`` is the number of converged, distinct pairs found
+    (`linops.SketchedLanczos.low_rank`), at most the ``rank`` asked for. A scalar prior precision only.
+    """
+
+    compile_fit = True
+    batch_progress = False
+    per_parameter_prior = False
+
+    lam: jax.Array
+    top: lo.SketchedEigenbasis
+
+    @classmethod
+    def fit(cls, r):
+        who = f"{r.who}(structure='sketched')"
+        if r.key is None:
+            raise ValueError(f"{who}: sketched Lanczos draws its sketch and start vector: pass key=jax.random.key(...)")
+        if r.rank is None:
+            raise ValueError(f"{who}: pass rank=k, the number of GGN eigenpairs kept")
+        if r.curvature == "hessian":
+            raise ValueError(f"{who}: a Hessian can be indefinite, and a sketched basis cannot say which of its "
+                             "directions are: use curvature='ggn', 'ef' or 'fisher', or structure='lowrank'")
+        P = r.G.shape[0]
+        steps = min(P, 5 * r.rank + 50) if r.num_steps is None else r.num_steps
+        size = min(P, max(4096, 50 * r.rank)) if r.sketch_size is None else r.sketch_size
+        if not 1 <= r.rank <= steps <= P:
+            raise ValueError(f"{who}: needs 1 <= rank <= num_steps <= P = {P}, got rank={r.rank}, num_steps={steps}")
+        if not 1 <= size <= P:
+            raise ValueError(f"{who}: sketch_size must be in [1, P = {P}], got {size}")
+        run = lo.sketched_lanczos(r.G, steps, size, key=r.key, progress=r.progress)
+        top = run.low_rank(r.rank)
+        return cls(jnp.clip(top.values, 0.0), top)
+
+    @classmethod
+    def check_prior(cls, alpha, group_sizes, who):
+        if not np.all(alpha == alpha.flat[0]):
+            raise ValueError(f"{who}: a 'sketched' posterior takes one scalar prior precision (its eigenvectors are "
+                             "known only through their sketches), got one per parameter or per leaf")
+
+    def _refused(self, what):
+        P = self.top.sketch.shape[1]
+        return _Unavailable(P, self.lam.dtype.name, f"structure='sketched' keeps its eigenvectors only as sketches, "
+                            f"so it has no {what}; its predictive variances, evidence and prior tuning work. Use "
+                            "structure='lowrank' for it")
+
+    def precision(self, alpha, scale):
+        return self._refused("precision operator")
+
+    def covariance(self, alpha, scale, factor):
+        return self._refused("covariance products (output covariances, full covariances)")
+
+    def sample(self, key, n, alpha, scale, factor):
+        raise ValueError("structure='sketched' keeps its eigenvectors only as sketches, so it has no parameter "
+                         "samples; use structure='lowrank' for samples")
+
+    def logdet(self, alpha, scale):
+        P, lam = self.top.sketch.shape[1], self.lam / scale
+        alpha = jnp.reshape(alpha, (-1,))[0]  # one scalar (`check_prior`)
+        return jnp.sum(jnp.log(lam + alpha)) + (P - self.lam.shape[0]) * jnp.log(alpha)
+
+    def quadratic_rows(self, J, alpha, scale, factor):
+        r"""$\|(I - UU^\top) J^\top\|^2$ over $\alpha$ plus $\sum_i (u_i^\top J^\top)^2/(\lambda_i + \alpha)$ per
+        row, both read from the sketch (`linops.SketchedEigenbasis`): the first as a sketched residual, each within
+        the embedding's relative error of its own value (no difference of nearly equal numbers)."""
+        alpha = jnp.reshape(alpha, (-1,))[0]
+        C = self.top.coefficients(J.T).T  # (R, r); zero columns past the pairs found
+        outside = self.top.residual_norms(J.T)
+        return outside / alpha + jnp.sum(C**2 / (self.lam / scale + alpha)[None, :], axis=1)
+
 
 @register("functional")
 class FunctionalGGN(_LowRankForm):

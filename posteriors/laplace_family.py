@@ -182,7 +182,7 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
             num_steps: int | None = None, key: jax.Array | None = None, last_layer: str | None = None,
             kfac_fallback: str | None = "diag", kfac_approximation: str = "expand", mesh=None,
             progress: bool = True, curvature: str = "ggn", num_samples: int = 1,
-            num_points: int | None = None) -> LaplacePosterior:
+            num_points: int | None = None, sketch_size: int | None = None) -> LaplacePosterior:
     r"""The linearised Laplace posterior $\mathcal N(\theta^*, (G + \operatorname{diag}\alpha)^{-1})$ over the
     chosen weights, in the chosen curvature structure: two independent axes, as in laplace-torch, and a third,
     which curvature $G$ is (the GGN by default).
@@ -194,8 +194,10 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
         structure: the GGN's structure (`STRUCTURES`): ``"full"`` (dense GGN, Cholesky; refused before
             any work when it cannot fit), ``"diag"`` (exact GGN diagonal), ``"lowrank"`` (the top
             ``rank`` GGN eigenpairs by Lanczos, Woodbury, never ``P x P``; needs ``key``), ``"kfac"``
-            (Kronecker factors per dense and convolutional layer, `linops.kfac`) or ``"functional"`` (the
-            GP view: the exact GGN of ``num_points`` training points, low rank, `FunctionalGGN`).
+            (Kronecker factors per dense and convolutional layer, `linops.kfac`), ``"functional"`` (the
+            GP view: the exact GGN of ``num_points`` training points, low rank, `FunctionalGGN`) or
+            ``"sketched"`` (the top ``rank`` eigenpairs by sketched Lanczos, kept as sketches: memory ``O(P)``,
+            no ``P x num_steps`` basis; variances, evidence and tuning, no samples; `SketchedLowRankGGN`).
         subset_of_weights: which weights have a posterior; the others stay at $\theta^*$
             (`posteriors.weights`): ``"all"`` (default), ``"last_layer"`` (the last dense layer's weight
             and bias, found in ``fn``'s program or named by ``last_layer``), a selection of leaves
@@ -205,9 +207,10 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
             params-shaped pytree of arrays), or one per leaf (a params-shaped pytree of
             scalars); only the covered weights' entries are kept. ``"kfac"`` takes one per leaf at most.
         batch_size: examples per batch of the GGN computations (the short last batch counts).
-        rank: ``"lowrank"``'s number of eigenpairs.
-        num_steps: ``"lowrank"``'s Lanczos steps (default ``min(P, 2 rank + 10)``).
-        key: ``"lowrank"``'s PRNG key of the Lanczos start vector.
+        rank: ``"lowrank"``'s and ``"sketched"``'s number of eigenpairs.
+        num_steps: ``"lowrank"``'s Lanczos steps (default ``min(P, 2 rank + 10)``); ``"sketched"``'s (default
+            ``min(P, 5 rank + 50)``: without reorthogonalisation, copies of converged eigenvalues take steps).
+        key: ``"lowrank"``'s PRNG key of the Lanczos start vector (and ``"sketched"``'s sketch).
         last_layer: ``subset_of_weights="last_layer"``'s path prefix (e.g. ``"layers.2"``; default: the last
             dense layer in ``fn``'s traced program, `last_layer_leaves`).
         kfac_fallback: what ``"kfac"`` gives parameters in no dense or convolutional layer (norm
@@ -235,6 +238,9 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
         num_points: ``"functional"``'s $M$: the GGN of $M$ training points drawn without replacement with ``key``
             (None: all of them, where the posterior is the full GGN's, held as its SVD); the prior stays $\alpha$
             (laplace-torch's subset-of-data GP scales its kernel prior variance by $M/N$ instead).
+        sketch_size: ``"sketched"``'s rows of the sketch $s$ (default ``min(P, max(4096, 50 rank))``): each
+            variance is read to a relative error of about $\sqrt{2/s}$ (a sketched norm; 2% at the default),
+            exactly at ``s = P`` (`linops.sketch`).
 
     Returns:
         A `LaplacePosterior`.
@@ -263,7 +269,7 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
                     prior_precision=prior_precision, batch_size=batch_size, rank=rank, num_steps=num_steps, key=key,
                     last_layer=last_layer, kfac_fallback=kfac_fallback, kfac_approximation=kfac_approximation,
                     mesh=mesh, label=label, who="laplace", curvature=curvature, num_samples=num_samples,
-                    num_points=num_points)
+                    num_points=num_points, sketch_size=sketch_size)
 
 
 def _describe(spec) -> str:
@@ -274,7 +280,7 @@ def _describe(spec) -> str:
 
 def _laplace(fn, params, data, likelihood, *, structure, subset_of_weights, prior_precision, batch_size, rank,
              num_steps, key, last_layer, kfac_fallback, kfac_approximation, mesh, label, who, curvature="ggn",
-             num_samples=1, num_points=None):
+             num_samples=1, num_points=None, sketch_size=None):
     """`laplace` for a caller named ``who`` in errors, with the progress bar's ``label`` (None: no bar)."""
     if structure not in S.REGISTRY:
         hint = " (the last layer is subset_of_weights='last_layer' now)" if structure == "last_layer" else ""
@@ -310,12 +316,18 @@ def _laplace(fn, params, data, likelihood, *, structure, subset_of_weights, prio
         if structure != "functional":
             raise ValueError(f"{who}: num_points is structure='functional''s, got structure={structure!r}")
         num_points = positive_int(num_points, "num_points", who)
+    if sketch_size is not None:
+        if structure != "sketched":
+            raise ValueError(f"{who}: sketch_size is structure='sketched''s, got structure={structure!r}")
+        sketch_size = positive_int(sketch_size, "sketch_size", who)
     options = _FitOptions(batch_size, mesh, rank, num_steps, kfac_fallback, who, kfac_approximation, label,
-                          curvature, num_samples, num_points)
+                          curvature, num_samples, num_points, sketch_size)
     fit = _fit_compiled if cls.compile_fit else _fit
     ggn, terms = fit(cls, fn, params, X, Y, likelihood, weights.fit_form(), key, options, alpha)
     if curvature == "hessian" and structure == "lowrank":
         _warn_negative(ggn.lam, who)
+    if structure == "sketched":
+        _warn_fewer(ggn.top.rank, rank, who)
     name = f"{who}(structure={structure!r})" if who == "laplace" else who
     return make_posterior(fn, params, X, Y, likelihood, ggn, alpha, weights, terms, who=name, curvature=curvature)
 
@@ -328,6 +340,14 @@ def _warn_negative(lam, who):
                       f"eigenpairs kept are negative (down to {float(lam.min()):.3g}): the Hessian is indefinite "
                       "there, and those eigenvalues are clipped to 0 (the posterior keeps the prior's variance along "
                       "them). curvature='ggn' is PSD by construction", stacklevel=3)
+
+
+def _warn_fewer(found, rank, who):
+    """Say so when sketched Lanczos found fewer converged, distinct eigenpairs than asked for."""
+    if int(found) < rank:
+        warnings.warn(f"{who}(structure='sketched'): {int(found)} of the {rank} eigenpairs asked for converged as "
+                      "distinct pairs (the rest are kept at the prior's variance); pass more num_steps (without "
+                      "reorthogonalisation, copies of converged eigenvalues take steps)", stacklevel=3)
 
 
 class _FitOptions(NamedTuple):
@@ -344,6 +364,7 @@ class _FitOptions(NamedTuple):
     curvature: str = "ggn"
     num_samples: int = 1
     num_points: int | None = None
+    sketch_size: int | None = None
 
 
 def _curvature_data(Y, likelihood, key, o):
@@ -367,7 +388,8 @@ def _fit_structure(cls, fn, params, X, Y, likelihood, weights, key, o):
         G = lo.GGNOp(fit_fn, fit_params, X, Yc, lik_c, batch_size=o.batch_size, mesh=o.mesh,
                      progress=o.progress if cls.batch_progress else None)
     request = S.FitRequest(G, fit_fn, fit_params, (X, Yc), lik_c, o.batch_size, o.mesh, o.rank, o.num_steps, key,
-                           o.kfac_fallback, o.who, o.kfac_approximation, o.progress, o.curvature, o.num_points)
+                           o.kfac_fallback, o.who, o.kfac_approximation, o.progress, o.curvature, o.num_points,
+                           o.sketch_size)
     # the evidence's data terms from the fit's own pass: only where its targets and likelihood are the data's
     return cls.fit_and_sum(request, _example_terms(likelihood) if o.curvature in ("ggn", "ef") else None)
 

@@ -58,8 +58,7 @@ class Lanczos(eqx.Module):
 
     def tridiagonal(self) -> jax.Array:
         """$T = Q^\\top A Q$ as a dense ``(m, m)`` matrix (zero past ``steps``)."""
-        off = self.beta[:-1] * (jnp.arange(self.beta.shape[0] - 1) < self.steps - 1)
-        return jnp.diag(self.alpha) + jnp.diag(off, 1) + jnp.diag(off, -1)
+        return tridiagonal(self.alpha, self.beta, self.steps)
 
     def ritz(self, A: LinearOperator | None = None):
         """``(values, vectors, residuals)``: Ritz values (descending by magnitude), Ritz vectors
@@ -154,6 +153,12 @@ def lanczos(A: LinearOperator, num_steps: int, *, key: jax.Array | None = None, 
         raise ValueError(f"lanczos: v0 must have shape ({n},) for {describe(A)}, got {v0.shape}")
     basis, alpha, beta, steps, restarts = _tridiagonalise((A, v0), int(num_steps), bool(restart), progress)
     return Lanczos(basis.T, alpha, beta, steps, restarts)
+
+
+def tridiagonal(alpha, beta, steps) -> jax.Array:
+    """The dense ``(m, m)`` tridiagonal of a Lanczos run's ``alpha`` and ``beta`` (zero past ``steps``)."""
+    off = beta[:-1] * (jnp.arange(beta.shape[0] - 1) < steps - 1)
+    return jnp.diag(alpha) + jnp.diag(off, 1) + jnp.diag(off, -1)
 
 
 def rounding_floor(w, m):

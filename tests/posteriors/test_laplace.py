@@ -364,15 +364,16 @@ def test_done_when_every_structure_predicts_and_tunes_on_an_equinox_model():
     Y = jnp.sin(2 * X) + 0.05 * jax.random.normal(jax.random.key(1), (30, 1))
     T = jnp.linspace(-3, 3, 7)[:, None]
     for structure in pst.STRUCTURES:
-        kw = dict(rank=10, key=jax.random.key(2)) if structure == "lowrank" else {}
+        kw = dict(rank=10, key=jax.random.key(2)) if structure in ("lowrank", "sketched") else {}
         post = pst.laplace(fn, params, (X, Y), Gaussian(0.1), structure=structure, prior_precision=1.0,
                            batch_size=8, **kw)
         mean, var = pst.predictive.regression(post, T)
         assert mean.shape == var.shape == (7, 1) and bool(jnp.all(var > 0.1**2))
-        # the linearised predictive's variance is the sample variance of the linearised model
-        f = pst.predictive.monte_carlo(post, jax.random.key(3), T, 4000)
-        _, fvar = pst.predictive.linearized(post, T)
-        assert_close(jnp.var(f, axis=0), fvar, rtol=0.15, atol=1e-6)
+        if structure != "sketched":  # it has no samples (tests/posteriors/test_sketched.py checks its values)
+            # the linearised predictive's variance is the sample variance of the linearised model
+            f = pst.predictive.monte_carlo(post, jax.random.key(3), T, 4000)
+            _, fvar = pst.predictive.linearized(post, T)
+            assert_close(jnp.var(f, axis=0), fvar, rtol=0.15, atol=1e-6)
         tuned, report = pst.optimize_prior_precision(post, num_steps=100, tune_sigma=True)
         trace = report["log_marginal_likelihood"]
         assert float(trace[-1]) > float(trace[0]), structure
