@@ -92,6 +92,9 @@ class StructuredGGN(eqx.Module):
     """Whether the structure takes one prior precision per parameter; False: one per leaf at most (KFAC's
     blocks shift their eigenvalues by one number each)."""
 
+    scalar_prior: ClassVar[bool] = False
+    """Whether the structure takes one scalar prior precision only (no per-leaf or per-parameter prior)."""
+
     batch_progress: ClassVar[bool] = True
     """Whether `fit`'s progress is a pass over the data's batches (the GGN operator shows it); False where the
     fit reports its own steps (Lanczos)."""
@@ -326,6 +329,7 @@ class SketchedLowRankGGN(StructuredGGN):
     compile_fit = True
     batch_progress = False
     per_parameter_prior = False
+    scalar_prior = True
 
     lam: jax.Array
     top: lo.SketchedEigenbasis

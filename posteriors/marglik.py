@@ -148,6 +148,9 @@ def optimize_prior_precision(post: LaplacePosterior, *, method: str = "marglik",
         raise ValueError(f"{who}: method must be 'marglik' or 'gridsearch', got {method!r}")
     if prior_structure not in ("scalar", "layerwise", "diag"):
         raise ValueError(f"{who}: prior_structure must be 'scalar', 'layerwise' or 'diag', got {prior_structure!r}")
+    if post.ggn.scalar_prior and prior_structure != "scalar":
+        raise ValueError(f"{who}: a {post.structure!r} posterior takes one scalar prior precision: use "
+                         f"prior_structure='scalar', got {prior_structure!r}")
     if not post.ggn.per_parameter_prior and prior_structure == "diag":
         raise ValueError(f"{who}: a {post.structure!r} posterior takes one prior precision per leaf: use 'scalar' or "
                          "'layerwise'")
@@ -382,6 +385,9 @@ def marglik_training(fn, params, data, likelihood, *, key: jax.Array, num_epochs
         raise ValueError(f"{who}: structure must be one of {STRUCTURES}, got {structure!r}")
     if prior_structure not in ("scalar", "layerwise", "diag"):
         raise ValueError(f"{who}: prior_structure must be 'scalar', 'layerwise' or 'diag', got {prior_structure!r}")
+    if prior_structure != "scalar" and REGISTRY[structure].scalar_prior:
+        raise ValueError(f"{who}: a {structure!r} posterior takes one scalar prior precision: use "
+                         f"prior_structure='scalar', got {prior_structure!r}")
     if prior_structure == "diag" and not REGISTRY[structure].per_parameter_prior:
         raise ValueError(f"{who}: a {structure!r} posterior takes one prior precision per leaf: use "
                          "prior_structure='scalar' or 'layerwise'")

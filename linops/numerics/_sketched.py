@@ -19,8 +19,9 @@ sketch's own memory is small (``s x m`` numbers), so ``s`` can be thousands.
 
 This is the construction of Miani, Beretta and Hauberg, "Sketched Lanczos uncertainty score: a low-memory
 summary of the Fisher information" (NeurIPS 2024), written here with a deduplication of the ghosts by their
-sketched Ritz vectors (the paper's reference code takes an SVD of the sketched vectors scaled by their Ritz
-values, which counts a ghost pair's value twice).
+residuals and sketched Ritz vectors (a public implementation of the score, read for `docs/comparison.md`, takes
+an SVD of the sketched vectors scaled by their Ritz values, which inflates a ghost pair's value to
+$\sqrt{2}\lambda$).
 """
 
 from __future__ import annotations

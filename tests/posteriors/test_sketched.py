@@ -104,6 +104,10 @@ def test_what_needs_the_eigenvectors_in_parameter_space_is_refused():
     with pytest.raises(ValueError, match="one scalar prior precision"):
         pst.laplace(fn, params, (X, y), Categorical(), structure="sketched", rank=4, key=jax.random.key(1),
                     prior_precision=jnp.linspace(1.0, 2.0, post.num_params))
+    with pytest.raises(ValueError, match="one scalar prior precision: use prior_structure='scalar'"):
+        pst.optimize_prior_precision(post, prior_structure="layerwise")
+    with pytest.raises(ValueError, match="one scalar prior precision"):
+        post.with_prior(prior_precision=jnp.linspace(1.0, 2.0, post.num_params))
     with pytest.raises(ValueError, match="sketch_size is structure='sketched''s"):
         pst.laplace(fn, params, (X, y), Categorical(), structure="lowrank", rank=4, key=jax.random.key(1),
                     sketch_size=10)
