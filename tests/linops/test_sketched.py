@@ -57,7 +57,7 @@ def test_a_blocked_sketch_is_an_embedding_whose_temporaries_are_one_block():
     assert analysis.temp_size_in_bytes < n * 8, analysis.temp_size_in_bytes
 
 
-@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("dtype", [pytest.param(jnp.float64, marks=pytest.mark.slow), jnp.float32])  # 18 s, 5 s
 def test_the_top_eigenpairs_match_a_dense_eigendecomposition_despite_ghosts(dtype):
     """150 steps without reorthogonalisation on eigenvalues i^-1.5: the tridiagonal holds several copies of the
     largest eigenvalue (ghosts, checked) and Ritz values between eigenvalues, yet the kept pairs are the 20
@@ -89,6 +89,7 @@ def test_the_score_at_a_full_sketch_is_the_closed_form():
     assert_close(jnp.abs(top.coefficients(W)), jnp.abs(U.T @ W), atol=1e-8)
 
 
+@pytest.mark.slow  # 14 s: a float64 QR of 1,500 x 1,500 and 150 steps
 def test_the_score_with_a_small_sketch_is_within_the_embedding_error():
     """s = 500 of n = 1,500 for 20 eigenvectors: the score's relative error below 3 sqrt(21/500) (statistical)."""
     A, lam, Q = _operator(1500, 1.5, jnp.float64, seed=6)
