@@ -22,7 +22,9 @@ def _wide(num_outputs):
     return fn, params, X, Y
 
 
-@pytest.mark.parametrize(("num_outputs", "structure"), [(256, "diag"), (256, "kfac"), (1000, "diag")])
+@pytest.mark.parametrize(("num_outputs", "structure"), [(256, "diag"),  # the others in the slow tier (8 s)
+                                                       pytest.param(256, "kfac", marks=pytest.mark.slow),
+                                                       pytest.param(1000, "diag", marks=pytest.mark.slow)])
 def test_the_estimate_is_unbiased_with_honest_standard_errors(num_outputs, structure):
     """Every one of the M x O entries against the exact variances (one reverse pass per output): the z-scores
     (estimate - exact) / standard error have mean about 0 (unbiased) and spread about 1 (the standard errors are
