@@ -387,8 +387,8 @@ class SketchedLowRankGGN(StructuredGGN):
         row, both read from the sketch (`linops.SketchedEigenbasis`): the first as a sketched residual, each within
         the embedding's relative error of its own value (no difference of nearly equal numbers)."""
         alpha = jnp.reshape(alpha, (-1,))[0]
-        C = self.top.coefficients(J.T).T  # (R, r); zero columns past the pairs found
-        outside = self.top.residual_norms(J.T)
+        C, outside = self.top.split(J.T)  # one product with the sketch; C's rows past the pairs found are zero
+        C = C.T  # (R, r)
         return outside / alpha + jnp.sum(C**2 / (self.lam / scale + alpha)[None, :], axis=1)
 
 

@@ -209,7 +209,7 @@ class SketchedEigenbasis(eqx.Module):
 
     def coefficients(self, W: jax.Array) -> jax.Array:
         r"""$U^\top W \approx Q^\top S W$ for ``W`` of shape ``(n,)`` or ``(n, c)``."""
-        return self.basis.T @ (self.sketch @ W)
+        return self.split(W)[0]
 
     def residual_norms(self, W: jax.Array) -> jax.Array:
         r"""$\|w - UU^\top w\|^2$ per column of ``W`` (``(n,)`` or ``(n, c)``): the squared norm of what the
@@ -220,9 +220,14 @@ class SketchedEigenbasis(eqx.Module):
         of two nearly equal numbers would carry the sketch's error of $\|w\|^2$ into a small result, while the
         residual is within the embedding's relative error of the true one (exact at ``s = n``).
         """
+        return self.split(W)[1]
+
+    def split(self, W: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(coefficients(W), residual_norms(W))`` from one product with the sketch."""
         SW = self.sketch @ W
-        R = SW - self.basis @ (self.basis.T @ SW)
-        return jnp.sum(R**2, axis=0)
+        C = self.basis.T @ SW
+        R = SW - self.basis @ C
+        return C, jnp.sum(R**2, axis=0)
 
 
 class SketchedLanczos(eqx.Module):
