@@ -301,5 +301,57 @@ def restrict(fn: Callable, params, indices) -> tuple[Callable, jax.Array]:
     return fn_S, values
 
 
-__all__ = ["BoundModel", "Unravel", "check_indices", "example_spec", "from_equinox",
+def shard(params, mesh, axis: str = "model"):
+    """``params`` placed over ``mesh``'s ``axis`` (model parallel): each leaf split along its largest axis whose
+    length the axis's device count divides, a leaf with no such axis replicated. The operators and posteriors
+    take sharded parameters as they are: their compiled programs keep the parameters, a diagonal and the samples
+    split the same way (XLA's partitioner), so that each device holds its share.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, numpy as np
+        >>> from jax.sharding import Mesh
+        >>> from linops.models import shard
+        >>> mesh = Mesh(np.array(jax.devices()[:1]), ("model",))
+        >>> placed = shard({"W": jnp.ones((4, 3)), "b": jnp.zeros(3)}, mesh)
+        >>> placed["W"].sharding.spec
+        PartitionSpec('model', None)
+    """
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    if axis not in mesh.axis_names:
+        raise ValueError(f"shard: the mesh has no axis {axis!r} (its axes: {mesh.axis_names})")
+    size = mesh.shape[axis]
+
+    def place(leaf):
+        leaf = jnp.asarray(leaf)
+        for dim in sorted(range(leaf.ndim), key=lambda d: -leaf.shape[d]):
+            if leaf.shape[dim] % size == 0 and leaf.shape[dim] >= size:
+                spec = [None] * leaf.ndim
+                spec[dim] = axis
+                return jax.device_put(leaf, NamedSharding(mesh, PartitionSpec(*spec)))
+        return jax.device_put(leaf, NamedSharding(mesh, PartitionSpec()))
+
+    return jax.tree_util.tree_map(place, params)
+
+
+def num_shards(params) -> int:
+    """The most devices any leaf of ``params`` is split over (1: every leaf whole on each device that holds it).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from linops.models import num_shards
+        >>> num_shards({"W": jnp.ones((4, 3))})
+        1
+    """
+    counts = [1]
+    for leaf in jax.tree_util.tree_leaves(params):
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is not None and not isinstance(leaf, jax.core.Tracer) and not sharding.is_fully_replicated:
+            pieces = {tuple((i.start, i.stop) for i in index)
+                      for index in sharding.devices_indices_map(leaf.shape).values()}
+            counts.append(len(pieces))
+    return max(counts)
+
+
+__all__ = ["BoundModel", "Unravel", "check_indices", "example_spec", "from_equinox", "num_shards", "shard",
            "from_flax_nnx", "per_example", "ravel", "restrict", "unravel_of"]

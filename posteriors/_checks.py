@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linops.likelihoods import Likelihood
+from linops.likelihoods import Flattened, Likelihood, with_positions
 from linops.models import example_spec
 
 
@@ -91,6 +91,35 @@ def check_targets(fn, params, data, likelihood, who: str) -> None:
 def model_outputs(fn, params, inputs, who: str) -> tuple[int, int]:
     """``(N, O)``: the number of examples in ``inputs`` (at least one) and of the model's outputs for one, read
     from shapes alone (`jax.eval_shape`), with a clear error for inputs or a model that do not fit."""
+    num_examples, shape = output_shape(fn, params, inputs, who)
+    if len(shape) != 1:
+        raise ValueError(f"{who}: fn(params, x) must return a 1-D vector of outputs for one example, got shape "
+                         f"{shape}" + (" (outputs with a position axis, (T, V), are posteriors.laplace's)"
+                                       if len(shape) > 1 else ""))
+    return num_examples, shape[0]
+
+
+def with_position_axis(fn, params, inputs, likelihood, who: str):
+    """``(fn, likelihood)`` for the library's one-vector-per-example form: a model whose output for one example has
+    several axes (``(T, V)``: positions, then the outputs of each) is read flattened (`linops.likelihoods.Flattened`)
+    with its likelihood summed over positions (`linops.likelihoods.PerPosition`); a model of 1-D outputs is
+    returned as it is. Reads shapes only."""
+    if isinstance(fn, Flattened):
+        return fn, with_positions(likelihood, fn.shape)
+    _, shape = output_shape(fn, params, inputs, who)
+    if len(shape) < 2:
+        return fn, likelihood
+    try:
+        likelihood = with_positions(likelihood, shape)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{who}: the model returns outputs of shape {shape} per example (positions, then "
+                         f"outputs), read with the likelihood at every position; {e}") from None
+    return Flattened(fn, shape), likelihood
+
+
+def output_shape(fn, params, inputs, who: str) -> tuple[int, tuple[int, ...]]:
+    """``(N, shape)``: the number of examples in ``inputs`` (at least one) and the shape of the model's output for
+    one, read from shapes alone (`jax.eval_shape`)."""
     leaves = jax.tree_util.tree_leaves(inputs)
     if not leaves or any(jnp.ndim(a) == 0 for a in leaves):
         raise ValueError(f"{who}: the inputs must be a batch (N, ...) of examples, got "
@@ -101,7 +130,7 @@ def model_outputs(fn, params, inputs, who: str) -> tuple[int, int]:
         out = jax.eval_shape(fn, params, example_spec(inputs))
     except (TypeError, ValueError) as e:
         raise ValueError(f"{who}: the model fails on one input ({e})") from e
-    if len(getattr(out, "shape", ())) != 1:
+    if not hasattr(out, "shape") or len(out.shape) == 0:
         raise ValueError(f"{who}: fn(params, x) must return a 1-D vector of outputs for one example, got shape "
                          f"{getattr(out, 'shape', type(out).__name__)}")
-    return num_examples, out.shape[0]
+    return num_examples, tuple(out.shape)

@@ -22,11 +22,12 @@ import numpy as np
 
 import linops as lo
 from linops.likelihoods import EmpiricalFisher, Gaussian, Likelihood, MonteCarloFisher
-from linops.models import example_spec, unravel_of
+from linops.memory import check_fits, format_bytes
+from linops.models import example_spec, num_shards, unravel_of
 from linops.runtime import program
 from posteriors import _structures as S
 from posteriors import weights as W
-from posteriors._checks import check_data, check_likelihood, check_params, check_targets
+from posteriors._checks import check_data, check_likelihood, check_params, check_targets, with_position_axis
 from posteriors._prior import canonical_prior, check_sigma, noise_scale
 from posteriors._training import positive_int
 from posteriors.gaussian import GaussianPosterior
@@ -44,7 +45,8 @@ class LaplacePosterior(GaussianPosterior):
     selection of weights (`posteriors.weights`; every weight by default, $E_s = I$).
 
     Attributes:
-        likelihood: the likelihood the GGN was computed with.
+        likelihood: the likelihood the GGN was computed with (`linops.likelihoods.PerPosition` of the one given, for
+            a model with a position axis, whose ``fn`` is then the `linops.likelihoods.Flattened` model).
         ggn: the GGN of the covered weights in its structure (a `posteriors._structures.StructuredGGN`:
             `FullGGN`, `DiagGGN`, `LowRankGGN`, `KFACGGN`); ``post.structure`` is its name.
         weights: the covered weights (`posteriors.weights.Weights`: all, a last layer, leaves, a subnetwork's
@@ -188,7 +190,13 @@ def laplace(fn: Callable, params, data, likelihood: Likelihood, *, structure: st
     which curvature $G$ is (the GGN by default).
 
     Args:
-        fn: per-example model ``fn(params, x) -> (O,)``; ``params`` the trained $\theta^*$.
+        fn: per-example model ``fn(params, x) -> (O,)``; ``params`` the trained $\theta^*$. A model with a
+            position axis, ``(T, V)`` (a sequence model's next-token logits), is read flattened with the
+            likelihood summed over positions (`linops.likelihoods.PerPosition`; the posterior's ``fn`` is the
+            `linops.likelihoods.Flattened` model), its targets ``(N, T)`` labels (``(N, T, V)`` reals for a
+            Gaussian), and the predictives return ``(M, T, V)``. Its exact GGN takes ``T V`` reverse passes per
+            example (``"full"``, ``"diag"``, ``"kfac"``: a warning says so past 1,024 rows); ``curvature="fisher"``
+            takes ``num_samples``.
         data: the training ``(inputs, targets)``.
         likelihood: a `linops.likelihoods.Likelihood`.
         structure: the GGN's structure (`STRUCTURES`): ``"full"`` (dense GGN, Cholesky; refused before
@@ -302,6 +310,7 @@ def _laplace(fn, params, data, likelihood, *, structure, subset_of_weights, prio
     if kfac_approximation not in ("expand", "reduce"):
         raise ValueError(f"{who}: kfac_approximation must be 'expand' or 'reduce', got {kfac_approximation!r}")
     check_params(params, who)
+    fn, likelihood = with_position_axis(fn, params, data[0], likelihood, who)  # (T, V) outputs: read flattened
     check_targets(fn, params, data, likelihood, who)  # in laplace's name (shapes only: nothing compiles)
     X, Y = data
     weights = W.select(subset_of_weights, params, fn=fn, x=example_spec(X), last_layer_name=last_layer, who=who)
@@ -309,6 +318,9 @@ def _laplace(fn, params, data, likelihood, *, structure, subset_of_weights, prio
     lo.GGNOp(fit_fn, fit_params, X, Y, likelihood, batch_size=batch_size, mesh=mesh)  # checks the data, eagerly
     cls = S.REGISTRY[structure]
     alpha = canonical_prior(prior_precision, params, weights, cls, who=who)
+    _plan_devices(params, fit_params, structure, rank, num_steps, num_points, X, who)
+    if curvature == "ggn" and structure in ("full", "diag", "kfac"):
+        _plan_factor_rows(fit_fn, fit_params, X, likelihood, who)
     if curvature == "fisher" and type(likelihood).sample is Likelihood.sample:
         raise ValueError(f"{who}(curvature='fisher'): a {type(likelihood).__name__} likelihood cannot draw targets "
                          "(it has no sample(key, f, n))")
@@ -330,6 +342,63 @@ def _laplace(fn, params, data, likelihood, *, structure, subset_of_weights, prio
         _warn_fewer(ggn.top.rank, rank, who)
     name = f"{who}(structure={structure!r})" if who == "laplace" else who
     return make_posterior(fn, params, X, Y, likelihood, ggn, alpha, weights, terms, who=name, curvature=curvature)
+
+
+def _plan_devices(params, fit_params, structure, rank, num_steps, num_points, X, who):
+    """The fit's memory per device, refused before any work when it cannot fit: the parameters and the structure's
+    state (a lower bound: temporaries come on top), each divided over the devices the parameters are sharded over
+    (`linops.models.shard`), against one device's free memory. Unsharded, the refusal says how many devices a
+    sharded fit would need."""
+    P, S = unravel_of(params).size, unravel_of(fit_params).size
+    itemsize = np.dtype(unravel_of(params).dtype).itemsize
+    steps = num_steps or (2 * rank + 10 if rank else 0)
+    n = jax.tree_util.tree_leaves(X)[0].shape[0]
+    state = {"full": 3 * S * S, "diag": 2 * S, "kfac": 2 * S, "lowrank": (steps + 2) * S, "sketched": 4 * S,
+             "functional": (num_points or n) * S}.get(structure, 2 * S)
+    need = (P + state) * itemsize
+    devices = num_shards(params)
+    free = lo.memory.available_bytes(_first_device(params))
+    if free is None or need <= devices * free:
+        return
+    what = (f"{who}(structure={structure!r}) over {S:,} of {P:,} parameters (the parameters and the structure's "
+            f"state, at least {format_bytes(need)})")
+    if devices == 1:
+        shards = -(-need // free)
+        check_fits(need, what, f"shard the parameters over a mesh of at least {shards} devices "
+                               f"(linops.models.shard(params, mesh)), or choose a smaller structure", limit=free)
+    check_fits(need // devices, f"{what}, sharded over {devices} devices: each device's share",
+               f"even this mesh is too small: use at least {-(-need // free)} devices, or a smaller structure",
+               limit=free)
+
+
+def _first_device(params):
+    leaf = jax.tree_util.tree_leaves(params)[0]
+    devices = getattr(getattr(leaf, "sharding", None), "device_set", None)
+    return min(devices, key=lambda d: d.id) if devices else None
+
+
+MANY_ROWS = 1024
+"""Factor rows per example above which an exact GGN fit warns (one reverse pass per row)."""
+
+
+def _plan_factor_rows(fit_fn, fit_params, X, likelihood, who):
+    """The exact GGN's cost per example, one reverse pass per row of the likelihood's Hessian factor: refused before
+    any work when one example's factor and its rows' gradients cannot fit, and said when there are more than
+    `MANY_ROWS` rows per example (a vocabulary at every position: ``T x V``), with the unbiased alternative."""
+    num_outputs = jax.eval_shape(fit_fn, fit_params, example_spec(X)).shape[0]
+    rows = likelihood.factor_rows(num_outputs)
+    if rows <= MANY_ROWS:
+        return
+    P = unravel_of(fit_params).size
+    n = jax.tree_util.tree_leaves(X)[0].shape[0]
+    itemsize = np.dtype(unravel_of(fit_params).dtype).itemsize
+    remedy = ("use curvature='fisher' (num_samples reverse passes per example whatever the outputs, unbiased for the "
+              "GGN), or fewer outputs per example")
+    check_fits((rows * num_outputs + rows * P) * itemsize,
+               f"{who}: the exact GGN of one example ({rows:,} rows of its Hessian factor over {num_outputs:,} "
+               f"outputs, one reverse pass each through {P:,} parameters)", remedy)
+    warnings.warn(f"{who}: the exact GGN takes {rows:,} reverse passes per example ({rows * n:,} in all) for "
+                  f"{num_outputs:,} outputs per example; {remedy}", stacklevel=4)
 
 
 def _warn_negative(lam, who):

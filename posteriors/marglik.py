@@ -26,7 +26,7 @@ import numpy as np
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import ravel, unravel_of
 from linops.runtime import canonical_convolutions, new_bar, program, tick, update
-from posteriors._checks import check_data, check_likelihood, check_params, check_targets
+from posteriors._checks import check_data, check_likelihood, check_params, check_targets, with_position_axis
 from posteriors._prior import canonical_prior, check_sigma, noise_scale
 from posteriors._structures import REGISTRY
 from posteriors._training import check_rate, check_trained, minibatch_loss, positive_int
@@ -371,6 +371,7 @@ def marglik_training(fn, params, data, likelihood, *, key: jax.Array, num_epochs
     check_params(params, who)
     check_likelihood(likelihood, who)
     X, Y = check_data(data, who)
+    fn, likelihood = with_position_axis(fn, params, X, likelihood, who)  # (T, V) outputs: read flattened
     check_targets(fn, params, (X, Y), likelihood, who)
     n = jax.tree_util.tree_leaves(X)[0].shape[0]
     num_epochs = positive_int(num_epochs, "num_epochs", who)

@@ -2,7 +2,8 @@ r"""Evaluation metrics for classification, regression and out-of-distribution de
 
 Classification metrics take predicted class probabilities ``probs`` of shape ``(N, K)`` and
 integer labels ``(N,)``; every one is a mean over the examples (lower is better except for
-accuracy, confidence and AUROC).
+accuracy, confidence and AUROC). Probabilities with a position axis, ``(N, T, K)`` (a sequence model's
+next-token distributions) with labels ``(N, T)``, count every position as an example.
 
 - Calibration (`ece`, `mce`): the top-class confidence in ``num_bins`` EQUAL-WIDTH bins over
   $[0, 1]$, bin $b$ holding the confidences in $((b-1)/B, b/B]$ (the first bin also holds 0);
@@ -15,9 +16,9 @@ Every metric checks its input before computing and raises a ``ValueError`` (``Ty
 wrong dtype) naming the metric, what it expected and what it got:
 
 - ``labels``: integer class indices, 1-D with one per row of ``probs``, in $[0, K)$;
-- ``probs``: floating, 2-D ``(N, K)`` with $N, K \ge 1$, finite, non-negative, each row summing
-  to one within ``1e-6`` (float64), ``1e-3`` (float32) or ``1e-2`` (16-bit floats) -- logits or
-  unnormalised scores are refused (apply ``jax.nn.softmax(logits, axis=-1)`` first);
+- ``probs``: floating, 2-D ``(N, K)`` (or ``(N, T, K)`` with labels ``(N, T)``) with $N, K \ge 1$,
+  finite, non-negative, each row summing to one within ``1e-6`` (float64), ``1e-3`` (float32) or ``1e-2``
+  (16-bit floats) -- logits or unnormalised scores are refused (apply ``jax.nn.softmax(logits, axis=-1)`` first);
 - OOD ``scores``: 1-D, non-empty, finite;
 - regression ``mean``, ``variance`` and ``targets``: the same shape (no broadcasting: an
   ``(N, 1)`` mean against ``(N,)`` targets would score every prediction against every target),
@@ -55,6 +56,8 @@ def _is_concrete(*arrays) -> bool:
 
 def _as_probs(probs, who):
     probs = jnp.asarray(probs)
+    if probs.ndim > 2 and probs.shape[-1] > 0:  # (N, T, K): a position axis, every position an example
+        probs = probs.reshape(-1, probs.shape[-1])
     if not jnp.issubdtype(probs.dtype, jnp.floating):
         raise TypeError(f"{who}: probs must be floating-point class probabilities, got dtype {probs.dtype}")
     if probs.ndim != 2 or probs.shape[0] == 0 or probs.shape[1] == 0:
@@ -95,6 +98,9 @@ def _as_labels(labels, num_examples, num_classes, who):
 
 
 def _check_probs(probs, labels, who):
+    probs, labels = jnp.asarray(probs), jnp.asarray(labels)
+    if probs.ndim > 2 and labels.shape == probs.shape[:-1]:  # a position axis: every position is an example
+        probs, labels = probs.reshape(-1, probs.shape[-1]), labels.reshape(-1)
     probs = _as_probs(probs, who)
     return probs, _as_labels(labels, probs.shape[0], probs.shape[1], who)
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import linops as lo
-from linops.likelihoods import Bernoulli, Categorical, Gaussian, HeteroscedasticGaussian
+from linops.likelihoods import Bernoulli, Categorical, Flattened, Gaussian, HeteroscedasticGaussian, PerPosition
 from linops.memory import check_fits
 from linops.models import ravel, unravel_of
 from linops.runtime import batched_map, program
@@ -36,6 +36,33 @@ from posteriors.ensemble import DeepEnsemble
 from posteriors.gaussian import AbstractLowRankPosterior, GaussianPosterior
 from posteriors.laplace_family import LaplacePosterior
 from posteriors.projected import ProjectedPosterior
+
+
+def _output_shape(post):
+    """One example's output shape when the model has a position axis (``(T, V)``, read flattened:
+    `linops.likelihoods.Flattened`), else None."""
+    fn = getattr(post, "fn", None)
+    return fn.shape if isinstance(fn, Flattened) else None
+
+
+def _shaped(shape, a, *axes):
+    """``a`` with each of ``axes`` (of length ``prod(shape)``, in increasing order) split into ``shape``."""
+    if shape is None:
+        return a
+    for axis in sorted(axes, reverse=True):
+        a = a.reshape(a.shape[:axis] + tuple(shape) + a.shape[axis + 1:])
+    return a
+
+
+def _likelihood(post):
+    """The posterior's likelihood of one position (a `PerPosition`'s base), or None."""
+    lik = getattr(post, "likelihood", None)
+    return lik.base if isinstance(lik, PerPosition) else lik
+
+
+def _num_outputs(post, inputs):
+    """The model's outputs for one input (shapes only)."""
+    return jax.eval_shape(post.fn, post.params, jax.tree_util.tree_map(lambda a: a[0], inputs)).shape[0]
 
 
 def _parts(post):
@@ -178,7 +205,9 @@ def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False
             Laplace-family posterior), shown once they take longer than two seconds; False silences it.
 
     Returns:
-        ``(mean (M, O), variance (M, O))``, or the covariances asked for in place of the variances.
+        ``(mean (M, O), variance (M, O))``, or the covariances asked for in place of the variances. A model whose
+        output has a position axis (``(T, V)`` per example, `posteriors.laplace`) gives ``(M, T, V)`` for each
+        ``(M, O)``, ``(M, T, V, T, V)`` output covariances and an ``(M, T, V, M, T, V)`` full covariance.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -190,8 +219,8 @@ def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False
         Array([[1.]], dtype=float32)
     """
     _no_linearisation(post, "linearized")
-    return _program(post, _linearized)(post, inputs, full_covariance, output_covariance, batch_size, key, num_samples,
-                                       exact, progress)
+    return _program(post, _linearized_shaped)(post, inputs, full_covariance, output_covariance, batch_size, key,
+                                              num_samples, exact, progress)
 
 
 def _program(post, body):
@@ -246,6 +275,17 @@ def _linearized(post, inputs, full_covariance, output_covariance, batch_size, ke
     return mean, _row_values_jit(post, inputs, b, k, output_covariance, label)  # inside the caller's program
 
 
+def _linearized_shaped(post, inputs, full_covariance, output_covariance, *args):
+    """`_linearized` with a position axis restored: every output axis of length ``T V`` back to ``(T, V)``."""
+    mean, second = _linearized(post, inputs, full_covariance, output_covariance, *args)
+    shape = _output_shape(post)
+    axes = (1, 3) if full_covariance else (1, 2) if output_covariance else (1,)
+    if full_covariance and shape is not None:
+        M = mean.shape[0]
+        second = second.reshape(M, -1, M, second.shape[1] // M)
+    return _shaped(shape, mean, 1), _shaped(shape, second, *axes)
+
+
 def _no_linearisation(post, who):
     if isinstance(post, DeepEnsemble):
         raise TypeError(f"{who}: a DeepEnsemble has no linearisation (it is a mixture of {post.num_members} networks, "
@@ -259,7 +299,8 @@ def _restricted_by_index(post):
 
 
 def monte_carlo(post: GaussianPosterior, key: jax.Array, inputs, num_samples: int, *, linearized: bool = True):
-    """Output samples, shape ``(num_samples, M, O)``: of the linearised model, or (``linearized=False``)
+    """Output samples, shape ``(num_samples, M, O)`` (``(num_samples, M, T, V)`` for a model with a position
+    axis): of the linearised model, or (``linearized=False``)
     of the network itself at parameter samples (the paper's predictive for SWAG, and for last-layer and
     diagonal Laplace in the projected-Bayes paper). A `DeepEnsemble` (no linearisation) needs
     ``linearized=False``: its samples are members drawn at random.
@@ -275,13 +316,15 @@ def monte_carlo(post: GaussianPosterior, key: jax.Array, inputs, num_samples: in
     """
     if linearized:
         _no_linearisation(post, "monte_carlo")
-        return post.predictive_samples(key, inputs, num_samples)
+        return _shaped(_output_shape(post), post.predictive_samples(key, inputs, num_samples), 2)
     thetas = post.sample(key, num_samples)
-    return jax.vmap(lambda t: jax.vmap(post.fn, in_axes=(None, 0))(post.unravel(t), inputs))(thetas)
+    outputs = jax.vmap(lambda t: jax.vmap(post.fn, in_axes=(None, 0))(post.unravel(t), inputs))(thetas)
+    return _shaped(_output_shape(post), outputs, 2)
 
 
 def sampled_variances(post: GaussianPosterior, key: jax.Array, inputs, num_samples: int = 100) -> lo.Estimate:
-    r"""The linearised predictive's variances $\operatorname{diag} J\Sigma J^\top$, ``(M, O)``, estimated from
+    r"""The linearised predictive's variances $\operatorname{diag} J\Sigma J^\top$, ``(M, O)`` (``(M, T, V)`` with a
+    position axis), estimated from
     ``num_samples`` linearised samples $J(x)\,\delta_s$, $\delta_s \sim \mathcal N(0, \Sigma)$, as a
     `linops.Estimate` with each entry's standard error.
 
@@ -307,10 +350,37 @@ def sampled_variances(post: GaussianPosterior, key: jax.Array, inputs, num_sampl
     num_samples = positive_int(num_samples, "num_samples", "sampled_variances", minimum=2)
     if key is None:
         raise ValueError("sampled_variances: the estimate draws posterior samples: pass key=jax.random.key(...)")
-    offsets = post.predictive_samples(key, inputs, num_samples) - post.map_outputs(inputs)[None]
-    squares = offsets**2
-    value = jnp.mean(squares, axis=0)
-    return lo.Estimate(value, jnp.std(squares, axis=0, ddof=1) / np.sqrt(num_samples), num_samples)
+    post.map_outputs(inputs)  # refuses inputs the model cannot take, before any work
+    M = jax.tree_util.tree_leaves(inputs)[0].shape[0]
+    value, se = _sampled_moments(post, key, inputs, num_samples, max(1, min(M, SAMPLED_CHUNK)))
+    shape = _output_shape(post)  # a position axis: (M, T, V)
+    return lo.Estimate(_shaped(shape, value, 1), _shaped(shape, se, 1), num_samples)
+
+
+SAMPLED_CHUNK = 8
+"""Inputs per chunk of `sampled_variances`: one JVP of a chunk per sample, the samples one after another."""
+
+
+@program
+def _sampled_moments(post, key, inputs, num_samples, chunk_size):
+    r"""The mean of the squared offsets $J(x)\,\delta_s$ over the samples and its standard error, ``(M, O)`` each:
+    inputs in chunks, one sample's JVP of a chunk at a time (memory: a chunk's forward pass and its ``n x O``
+    offsets, never ``n x M`` passes at once). A Laplace posterior draws its samples over its own weights (an
+    adapter's, a last layer's) and differentiates those alone."""
+    if isinstance(post, LaplacePosterior):
+        fn, params, _ = post.own_space()
+        deltas = post.ggn.sample(key, num_samples, post.prior_precision, post.noise_scale, post.factor).T
+    else:
+        fn, params = post.fn, post.params
+        deltas = post.sample(key, num_samples) - post.mean[None, :]
+    unravel = unravel_of(params)
+
+    def chunk(Xc):
+        f = lambda p: jax.vmap(fn, in_axes=(None, 0))(p, Xc)  # noqa: E731
+        squares = jax.lax.map(lambda d: jax.jvp(f, (params,), (unravel(d),))[1] ** 2, deltas)  # (n, b, O)
+        return jnp.mean(squares, axis=0), jnp.std(squares, axis=0, ddof=1) / np.sqrt(num_samples)
+
+    return batched_map(chunk, inputs, chunk_size)
 
 
 def probit(mean, variance, *, multiclass: bool = True):
@@ -369,7 +439,9 @@ def laplace_bridge(mean, covariance):
 def classification(post: GaussianPosterior, inputs, *, link: str = "probit", key: jax.Array | None = None,
                    num_samples: int | None = None, linearized_samples: bool = True, progress: bool = True):
     """Class probabilities ``(M, K)``: ``link`` is ``"probit"``, ``"bridge"`` or ``"mc"`` (needs ``key``;
-    ``num_samples`` of them, default 100). ``progress``: `linearized`'s progress bar (False silences it). A
+    ``num_samples`` of them, default 100). A model with a position axis (``(T, V)`` logits per example,
+    `posteriors.laplace`) gives ``(M, T, V)``: each position's distribution (the bridge from each position's
+    ``V x V`` block). ``progress``: `linearized`'s progress bar (False silences it). A
     projected posterior's probit and bridge use its fit's draws, topped up from ``key`` to ``num_samples``
     (`linearized`).
 
@@ -398,7 +470,7 @@ def classification(post: GaussianPosterior, inputs, *, link: str = "probit", key
         if key is None:
             raise ValueError("classification(link='mc'): pass key=jax.random.key(...)")
         logits = monte_carlo(post, key, inputs, 100 if num_samples is None else num_samples,
-                             linearized=linearized_samples)
+                             linearized=linearized_samples)  # (n, M, O), or (n, M, T, V) with a position axis
         if logits.shape[-1] == 1:
             return jnp.mean(jax.nn.sigmoid(logits), axis=0)
         return jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0)
@@ -408,12 +480,19 @@ def classification(post: GaussianPosterior, inputs, *, link: str = "probit", key
 
 def _classification(post, inputs, link, key, num_samples, progress):
     sampled = (key, num_samples) if isinstance(post, ProjectedPosterior) else (None, None)
+    shape = _output_shape(post)
     if link == "bridge":
+        if (mean_width := (shape[-1] if shape is not None else _num_outputs(post, inputs))) == 1:
+            raise ValueError(f"classification(link='bridge'): the Laplace bridge needs K >= 2 logits, got {mean_width}")
         mean, cov = _linearized(post, inputs, False, True, None, *sampled, False, progress)
-        if mean.shape[-1] == 1:
-            raise ValueError("classification(link='bridge'): the Laplace bridge needs K >= 2 logits")
-        return laplace_bridge(mean, cov)
+        if shape is None:
+            return laplace_bridge(mean, cov)
+        M, T, V = mean.shape[0], int(np.prod(shape[:-1])), shape[-1]
+        blocks = cov.reshape(M, T, V, T, V)[:, jnp.arange(T), :, jnp.arange(T), :]  # (T, M, V, V): each position's
+        probs = laplace_bridge(mean.reshape(M * T, V), jnp.moveaxis(blocks, 0, 1).reshape(M * T, V, V))
+        return probs.reshape((M,) + tuple(shape))
     mean, var = _linearized(post, inputs, False, False, None, *sampled, False, progress)
+    mean, var = _shaped(shape, mean, 1), _shaped(shape, var, 1)
     return probit(mean, var, multiclass=mean.shape[-1] > 1)
 
 
@@ -435,7 +514,7 @@ def regression(post: GaussianPosterior, inputs, *, sigma=None, progress: bool = 
         >>> pst.predictive.regression(post, jnp.ones((1, 1)))[1]        # 1/(12 + 4) + 0.25
         Array([[0.3125]], dtype=float32)
     """
-    lik = getattr(post, "likelihood", None)
+    lik = _likelihood(post)
     if isinstance(lik, HeteroscedasticGaussian):
         if sigma is not None:
             raise ValueError("regression: a HeteroscedasticGaussian posterior's network predicts its noise; "
@@ -456,24 +535,28 @@ def regression(post: GaussianPosterior, inputs, *, sigma=None, progress: bool = 
 
 def _regression(post, inputs, sigma, progress):
     mean, var = _linearized(post, inputs, False, False, None, None, None, False, progress)
-    return mean, var + jnp.asarray(sigma) ** 2
+    shape = _output_shape(post)
+    return _shaped(shape, mean, 1), _shaped(shape, var, 1) + jnp.asarray(sigma) ** 2
 
 
 def _heteroscedastic(post, inputs, progress):
     """Mean $\\mu$ and variance $\\operatorname{Var}[\\mu] + \\mathbb E[e^s]$, $s \\sim \\mathcal N(s^*,
     \\operatorname{Var}[s])$ linearised: the predictive's moments (its noise is log-normal, not fixed)."""
     mean, var = _linearized(post, inputs, False, False, None, None, None, False, progress)
-    o = mean.shape[1] // 2
-    return mean[:, :o], var[:, :o] + jnp.exp(mean[:, o:] + var[:, o:] / 2)
+    shape = _output_shape(post)  # a position axis: each position's means, then log-variances
+    mean, var = _shaped(shape, mean, 1), _shaped(shape, var, 1)
+    o = mean.shape[-1] // 2
+    return mean[..., :o], var[..., :o] + jnp.exp(mean[..., o:] + var[..., o:] / 2)
 
 
-_COMPILED = {body: program(body) for body in (_linearized, _classification, _regression, _heteroscedastic)}
+_COMPILED = {body: program(body) for body in (_linearized_shaped, _classification, _regression, _heteroscedastic)}
 
 
 def nll(post: GaussianPosterior, inputs, targets, *, link: str = "probit", key: jax.Array | None = None,
         num_samples: int | None = None, progress: bool = True) -> jax.Array:
     """The predictive negative log-likelihood of ``(inputs, targets)``, summed: Gaussian for a
-    Gaussian likelihood, else the classification probabilities (``link``).
+    Gaussian likelihood, else the classification probabilities (``link``). With a position axis (``(T, V)``
+    outputs), summed over positions too: the targets are the fit's (``(M, T)`` labels).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -484,6 +567,8 @@ def nll(post: GaussianPosterior, inputs, targets, *, link: str = "probit", key: 
         >>> bool(pst.predictive.nll(post, jnp.ones((2, 1)), jnp.zeros((2, 1))) > 0)
         True
     """
+    if _output_shape(post) is not None:
+        return _nll_positions(post, inputs, targets, link, key, num_samples, progress)
     lik = getattr(post, "likelihood", None)
     targets = _checked_nll_targets(post, inputs, targets, lik)
     if isinstance(lik, Gaussian | HeteroscedasticGaussian):  # the Gaussian of the predictive's moments
@@ -496,6 +581,25 @@ def nll(post: GaussianPosterior, inputs, targets, *, link: str = "probit", key: 
     if not isinstance(lik, (Categorical, type(None))):
         raise ValueError(f"nll: no predictive for a {type(lik).__name__} likelihood")
     return -jnp.sum(jnp.log(jnp.take_along_axis(probs, targets[:, None], axis=1) + tiny))
+
+
+def _nll_positions(post, inputs, targets, link, key, num_samples, progress):
+    """`nll` of a model with a position axis: summed over inputs and positions (targets as the fit's:
+    ``(M, T)`` labels, or ``(M, T, V)`` values)."""
+    lik, shape = post.likelihood, _output_shape(post)
+    M = model_outputs(post.fn, post.params, inputs, "nll")[0]
+    targets = jnp.asarray(targets)
+    lik.check(int(np.prod(shape)), targets, M, "nll")
+    if isinstance(lik.base, Gaussian | HeteroscedasticGaussian):
+        mean, var = regression(post, inputs, progress=progress)
+        return 0.5 * jnp.sum(jnp.log(2 * jnp.pi * var) + (targets - mean) ** 2 / var)
+    probs = classification(post, inputs, link=link, key=key, num_samples=num_samples, progress=progress)
+    tiny = jnp.finfo(probs.dtype).tiny
+    if isinstance(lik.base, Bernoulli):
+        return -jnp.sum(targets * jnp.log(probs + tiny) + (1 - targets) * jnp.log(1 - probs + tiny))
+    if not isinstance(lik.base, Categorical):
+        raise ValueError(f"nll: no predictive for a {type(lik.base).__name__} likelihood")
+    return -jnp.sum(jnp.log(jnp.take_along_axis(probs, targets[..., None], axis=-1) + tiny))
 
 
 def _checked_nll_targets(post, inputs, targets, lik):

@@ -70,7 +70,7 @@ def test_options_before_or_after_the_command():
 def test_help_lists_every_command():
     text = subprocess.run([sys.executable, "-m", "posteriors", "--help"], capture_output=True, text=True,
                           check=True).stdout
-    for command in ("demo", "projected", "inbetween", "subnetwork", "fsp"):
+    for command in ("demo", "projected", "inbetween", "subnetwork", "fsp", "lora"):
         assert command in text
 
 
@@ -339,3 +339,12 @@ def test_figures_carry_labels_counts_and_legends(tmp_path, monkeypatch):
     for ax in ood.axes[:2]:
         assert ax.get_xscale() == "log" and ax.get_xlabel() and ax.get_ylabel()
         assert [t.get_text() for t in ax.get_legend().get_texts()] == ["test (50)", "noise (30)"]
+
+
+@pytest.mark.slow
+def test_lora_command(tmp_path):
+    out = _run(tmp_path, "lora")
+    record = json.loads((out / "lora.json").read_text())
+    assert set(record["rows"]) == {"MAP", "Laplace-LoRA (kfac)"}
+    assert all(0.0 <= row["ece"] <= 1.0 and row["nll"] > 0 for row in record["rows"].values())
+    assert "NLL per byte" in (out / "lora.md").read_text()
