@@ -60,11 +60,6 @@ def _likelihood(post):
     return lik.base if isinstance(lik, PerPosition) else lik
 
 
-def _num_outputs(post, inputs):
-    """The model's outputs for one input (shapes only)."""
-    return jax.eval_shape(post.fn, post.params, jax.tree_util.tree_map(lambda a: a[0], inputs)).shape[0]
-
-
 def _parts(post):
     """``(fn, params, covariance)`` in the posterior's own parameter space (a last layer's alone)."""
     return post.own_space()
@@ -350,8 +345,7 @@ def sampled_variances(post: GaussianPosterior, key: jax.Array, inputs, num_sampl
     num_samples = positive_int(num_samples, "num_samples", "sampled_variances", minimum=2)
     if key is None:
         raise ValueError("sampled_variances: the estimate draws posterior samples: pass key=jax.random.key(...)")
-    post.map_outputs(inputs)  # refuses inputs the model cannot take, before any work
-    M = jax.tree_util.tree_leaves(inputs)[0].shape[0]
+    M, _ = model_outputs(post.fn, post.params, inputs, "sampled_variances")  # shapes only, before any work
     value, se = _sampled_moments(post, key, inputs, num_samples, max(1, min(M, SAMPLED_CHUNK)))
     shape = _output_shape(post)  # a position axis: (M, T, V)
     return lo.Estimate(_shaped(shape, value, 1), _shaped(shape, se, 1), num_samples)
@@ -482,8 +476,9 @@ def _classification(post, inputs, link, key, num_samples, progress):
     sampled = (key, num_samples) if isinstance(post, ProjectedPosterior) else (None, None)
     shape = _output_shape(post)
     if link == "bridge":
-        if (mean_width := (shape[-1] if shape is not None else _num_outputs(post, inputs))) == 1:
-            raise ValueError(f"classification(link='bridge'): the Laplace bridge needs K >= 2 logits, got {mean_width}")
+        width = shape[-1] if shape is not None else model_outputs(post.fn, post.params, inputs, "classification")[1]
+        if width == 1:
+            raise ValueError("classification(link='bridge'): the Laplace bridge needs K >= 2 logits, got 1")
         mean, cov = _linearized(post, inputs, False, True, None, *sampled, False, progress)
         if shape is None:
             return laplace_bridge(mean, cov)

@@ -282,3 +282,10 @@ def test_the_laplace_bridge_is_the_closed_form_and_finite_at_any_logit():
         p = np.asarray(predictive.laplace_bridge(jnp.array([[L, -L, 0.0]], jnp.float32), jnp.ones((1, 3))))
         assert np.all(np.isfinite(p)) and abs(p.sum() - 1) < 1e-6 and p[0, 0] > 0.999
     assert_close(predictive.laplace_bridge(jnp.zeros((2, 1)), jnp.ones((2, 1))), np.ones((2, 1)))  # one class
+
+
+def test_the_bridge_refuses_a_single_logit_before_any_work():
+    post = pst.laplace(lambda w, x: (x @ w)[None], jnp.zeros(2), (jnp.eye(2), jnp.array([[0.0], [1.0]])), Bernoulli(),
+                       structure="diag")
+    with pytest.raises(ValueError, match=r"the Laplace bridge needs K >= 2 logits, got 1"):
+        pst.predictive.classification(post, jnp.eye(2), link="bridge")

@@ -54,3 +54,10 @@ def test_what_it_cannot_estimate_is_refused():
                            key=jax.random.key(1))
     with pytest.raises(ValueError, match="no parameter samples"):
         pst.predictive.sampled_variances(sketched, jax.random.key(0), X[:2], 10)
+
+
+def test_inputs_the_model_cannot_take_are_refused_by_name():
+    fn, params, X, Y = _wide(256)
+    post = pst.laplace(fn, params, (X, Y), Gaussian(0.5), structure="diag")
+    with pytest.raises(ValueError, match="sampled_variances: the model fails on one input"):
+        pst.predictive.sampled_variances(post, jax.random.key(0), jnp.ones((2, 5)), 10)
