@@ -348,12 +348,14 @@ def _plan_devices(params, fit_params, structure, rank, num_steps, num_points, X,
     """The fit's memory per device, refused before any work when it cannot fit: the parameters and the structure's
     state (a lower bound: temporaries come on top), each divided over the devices the parameters are sharded over
     (`linops.models.shard`), against one device's free memory. Unsharded, the refusal says how many devices a
-    sharded fit would need."""
+    sharded fit would need. ``"full"`` plans itself: its dense GGN is held whole on each device."""
+    if structure == "full":
+        return
     P, S = unravel_of(params).size, unravel_of(fit_params).size
     itemsize = np.dtype(unravel_of(params).dtype).itemsize
     steps = num_steps or (2 * rank + 10 if rank else 0)
     n = jax.tree_util.tree_leaves(X)[0].shape[0]
-    state = {"full": 3 * S * S, "diag": 2 * S, "kfac": 2 * S, "lowrank": (steps + 2) * S, "sketched": 4 * S,
+    state = {"diag": 2 * S, "kfac": 2 * S, "lowrank": (steps + 2) * S, "sketched": 4 * S,
              "functional": (num_points or n) * S}.get(structure, 2 * S)
     need = (P + state) * itemsize
     devices = num_shards(params)
