@@ -55,7 +55,7 @@ MUTANTS = [
      "    return -loss - 0.5 * jnp.sum(alpha * theta**2) + log_prior_det - 0.5 * logdet(alpha, scale)",
      ["tests/posteriors/test_laplace.py::test_prior_and_noise_tuning_find_the_exact_evidence_maximiser"],
      "the log evidence with log det(alpha I) not halved"),
-    ("categorical: the Hessian factor transposed", "linops/likelihoods.py",
+    ("categorical: the Hessian factor transposed", "linops/likelihoods/_base.py",
      "        return jnp.diag(s) - jnp.outer(s, p)",
      "        return jnp.diag(s) - jnp.outer(p, s)",
      ["tests/linops/test_nn.py::test_likelihood_closed_forms_match_autodiff"],
