@@ -84,7 +84,7 @@ def finetuned(key, *, size: str = "real", rank: int = 8, pretrain_steps: int = 3
     log(f"pretrained {count_params(params):,} parameters: loss {times['pretrain_loss']:.3f} nats per byte")
 
     fn, params = add_lora(fn, params, keys[3], rank=rank)
-    trainable, merge = adapters_only(params, fn)
+    trainable, merge = adapters_only(params)
     X, Y = windows(prose[:cut], num_fit, length, keys[4])
 
     def objective(t, batch, _k):  # the adapters' negative log posterior (summed NLL scaled to every sequence)

@@ -200,7 +200,7 @@ def lora_weights(params):
     return leaves(params, *chosen)
 
 
-def adapters_only(params, train_fn):
+def adapters_only(params):
     """``(trainable, merge)``: the adapter leaves as their own pytree, and ``merge(trainable) -> params`` with the
     base frozen (for an optax fine-tune of the adapters alone).
 
@@ -208,11 +208,10 @@ def adapters_only(params, train_fn):
         >>> import jax
         >>> from posteriors.experiments.transformer import adapters_only, add_lora, gpt
         >>> fn, params = add_lora(*gpt(jax.random.key(0), size="small"), jax.random.key(1), rank=2)
-        >>> trainable, merge = adapters_only(params, fn)
+        >>> trainable, merge = adapters_only(params)
         >>> len(jax.tree_util.tree_leaves(trainable)), merge(trainable)["blocks"][0]["query"]["lora_b"].shape
         (4, (2, 16))
     """
-    del train_fn
     trainable = [{name: {k: v for k, v in layer.items() if k in ADAPTERS} for name, layer in block.items()
                   if isinstance(layer, dict) and "lora_a" in layer} for block in params["blocks"]]
 
