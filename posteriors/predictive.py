@@ -233,6 +233,17 @@ def _program(post, body):
 
 
 def _linearized(post, inputs, full_covariance, output_covariance, batch_size, key, num_samples, exact, progress):
+    M, num_outputs = post._output_spec(inputs).shape  # bad inputs refused before any work
+    label = "linearized predictive" if progress else None
+    layer_rules = isinstance(post, LaplacePosterior) and post.weights.indices is None
+    if layer_rules and not (full_covariance or output_covariance):
+        # the structure's per-layer forms of activations and output gradients (KFAC, diagonal): no Jacobian row,
+        # and the means from the same forward passes
+        P = unravel_of(post.params).size
+        moments = post.ggn.output_moments(post, inputs, batch_size or max(1, ROW_BUDGET // max(num_outputs * P, 1)),
+                                          label)
+        if moments is not None:
+            return moments
     mean = post.map_outputs(inputs)
     if isinstance(post, AbstractLowRankPosterior):
         if full_covariance:
@@ -245,7 +256,6 @@ def _linearized(post, inputs, full_covariance, output_covariance, batch_size, ke
         return mean, _sampled(post, inputs, key, num_samples, full_covariance, output_covariance)
     fn, params, cov = _parts(post)
     P = unravel_of(params).size
-    M, num_outputs = mean.shape
     # A subnetwork's rows come from reverse passes through the whole model: each row is a full-length
     # gradient before its subset is taken, so its chunks are planned with the model's P, not the subset's.
     planned = unravel_of(post.params).size if _restricted_by_index(post) else P
@@ -260,13 +270,6 @@ def _linearized(post, inputs, full_covariance, output_covariance, batch_size, ke
         check_fits((M * num_outputs**2 + num_outputs * P * 3) * np.dtype(mean.dtype).itemsize,
                    f"the output covariances of {M} inputs x {num_outputs} outputs", "ask for the variances instead")
     b, k = _plan(M, num_outputs, planned, batch_size, output_covariance)
-    label = "linearized predictive" if progress else None
-    if isinstance(post, LaplacePosterior) and post.weights.indices is None and not output_covariance:
-        # the structure's per-layer forms of activations and output gradients (KFAC, diagonal): no Jacobian row
-        variances = post.ggn.output_variances(post, inputs, batch_size or max(1, ROW_BUDGET // max(num_outputs * P,
-                                                                                                    1)), label)
-        if variances is not None:
-            return mean, variances
     return mean, _row_values_jit(post, inputs, b, k, output_covariance, label)  # inside the caller's program
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -63,6 +63,7 @@ class KFAC(eqx.Module):
         positions: per layer, the number $R$ of positions its weight is shared over.
         approximation: ``"expand"`` or ``"reduce"``.
         num_examples: $N$.
+        sums: with ``per_example``, its sum over the examples (from the same forward passes); else None.
     """
 
     factors: tuple
@@ -76,6 +77,7 @@ class KFAC(eqx.Module):
     positions: tuple = eqx.field(static=True, default=())
     approximation: str = eqx.field(static=True, default="expand")
     other_diagonals: tuple = ()
+    sums: Any = None
 
 
 class FoundLayer(NamedTuple):
@@ -143,7 +145,7 @@ def _check_factors_fit(layers, params, who):
 
 def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, approximation: str = "expand",
          batch_size: int | None = None, mesh=None, axis: str = "data", other_diagonal: bool = False,
-         progress: str | None = None) -> KFAC:
+         progress: str | None = None, per_example: Callable | None = None) -> KFAC:
     r"""KFAC factors of the GGN of ``fn`` at ``params`` over the data: one pass over the batches.
 
     Args:
@@ -164,6 +166,9 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, appro
             embeddings), from the same reverse passes (``KFAC.other_diagonals``).
         progress: a label: a progress bar over the batches under that label (once the pass runs longer
             than two seconds); None (default): no bar.
+        per_example: ``per_example(f_n, y_n, lik_n) -> pytree`` of one example's outputs ``f_n``, target and
+            likelihood (``lik_n`` None unless the likelihood is per example): summed over the examples from the
+            same forward passes (``KFAC.sums``), e.g. the loss an evidence needs, without a pass of its own.
 
     Examples:
         >>> import jax, jax.numpy as jnp, linops as lo
@@ -177,6 +182,8 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, appro
                [0., 3.]], dtype=float32), Array([[1., 0., 0.],
                [0., 1., 0.],
                [0., 0., 1.]], dtype=float32))
+        >>> lo.kfac(fn, p, X, Y, lo.likelihoods.Gaussian(1.0), per_example=lambda f, y, _: jnp.sum((y - f) ** 2)).sums
+        Array(0., dtype=float32)
     """
     who = "kfac"
     if approximation not in APPROXIMATIONS:
@@ -210,11 +217,13 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, appro
         grads, other_grads = jax.vmap(vjp)(A_n)  # per layer (K, *output shape); per other leaf (K, *shape)
         return ([L.acts(a) for L, a in zip(layers, acts, strict=True)],
                 [jax.vmap(L.grads)(g) for L, g in zip(layers, grads, strict=True)],
-                [jnp.sum(g**2, axis=0) for g in other_grads])
+                [jnp.sum(g**2, axis=0) for g in other_grads],
+                None if per_example is None else per_example(f_n, y, lik_n))
 
     def batch(data):
         xb, yb, lb = data
-        acts, grads, other_squares = jax.vmap(example, in_axes=(0, 0, 0 if lb is not None else None))(xb, yb, lb)
+        acts, grads, other_squares, extra = jax.vmap(example, in_axes=(0, 0, 0 if lb is not None else None))(
+            xb, yb, lb)
         As, Bs, biases = [], [], []
         for L, a, g in zip(layers, acts, grads, strict=True):  # a: (b, G, in, R), g: (b, K, G, out, R)
             g_hat = g.sum(-1)  # (b, K, G, out): summed over the positions
@@ -234,9 +243,11 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, appro
                 a = a.mean(-1)  # (b, G, in)
                 As.append(jnp.einsum("bgi,bgj->gij", a, a))
                 Bs.append(jnp.einsum("bkgo,bkgp->gop", g_hat, g_hat))
-        return As, Bs, biases, [jnp.sum(d, axis=0) for d in other_squares]
+        return (As, Bs, biases, [jnp.sum(d, axis=0) for d in other_squares],
+                jax.tree_util.tree_map(lambda t: jnp.sum(t, axis=0), extra))
 
-    As, Bs, biases, other_diagonals = sharded_sum(batch, (inputs, targets, lik), batch_size, mesh, axis, progress)
+    As, Bs, biases, other_diagonals, sums = sharded_sum(batch, (inputs, targets, lik), batch_size, mesh, axis,
+                                                        progress)
     factors = []
     for L, A, B in zip(layers, As, Bs, strict=True):
         A = A / (n * L.positions if approximation == "expand" else n)
@@ -247,7 +258,7 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, appro
         factors.append((B, A) if L.out_first else (A, B))
     return KFAC(tuple(factors), tuple(biases), tuple(L.weight for L in layers), tuple(L.bias for L in layers),
                 others, tuple(int(np.size(leaf)) for leaf in leaves), n, tuple(L.kind for L in layers),
-                tuple(L.positions for L in layers), approximation, tuple(other_diagonals))
+                tuple(L.positions for L in layers), approximation, tuple(other_diagonals), sums)
 
 
 __all__ = ["KFAC", "FoundLayer", "find_layers", "kfac"]

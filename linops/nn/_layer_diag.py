@@ -46,9 +46,10 @@ def _row_numbers(layers, leaves, others):
     return n + sum(int(np.size(leaves[i])) for i in others)
 
 
-def _example_fn(plan, likelihood, num_rows, per_block):
+def _example_fn(plan, likelihood, num_rows, per_block, per_example=None):
     """``(x, y, lik_n) -> per-example terms``: for each layer the squared output gradients summed over the rows
-    (one position) or the squared row gradients (shared positions), the bias terms and the other leaves'."""
+    (one position) or the squared row gradients (shared positions), the bias terms and the other leaves'; and
+    ``per_example(f_n, y, lik_n)`` of the example's outputs (None without it)."""
     layers, tapped, leaves, others = plan
     num_blocks = -(-num_rows // per_block)
 
@@ -78,31 +79,32 @@ def _example_fn(plan, likelihood, num_rows, per_block):
             terms = lax.scan(lambda acc, Ab: (jax.tree_util.tree_map(jnp.add, acc, squares(Ab)), None), zero,
                              blocks)[0]
         squared_acts = [a[..., 0] ** 2 if L.positions == 1 else None for L, a in zip(layers, acts, strict=True)]
-        return terms, squared_acts
+        return terms, squared_acts, None if per_example is None else per_example(f_n, y, lik_n)
 
     return example
 
 
-def layer_diag(plan, likelihood, inputs, targets, num_rows, batch_size, mesh, axis, progress=None):
-    """The exact GGN diagonal as a flat vector (leaf order of ``ravel``), from a `layer_plan`."""
+def layer_diag(plan, likelihood, inputs, targets, num_rows, batch_size, mesh, axis, progress=None, per_example=None):
+    """The exact GGN diagonal as a flat vector (leaf order of ``ravel``), from a `layer_plan`; with
+    ``per_example(f_n, y_n, lik_n)``: ``(diagonal, its sum over the examples)``, from the same forward passes."""
     layers, _, leaves, others = plan
     per_row = _row_numbers(layers, leaves, others)
     per_block = max(1, min(num_rows, _BUDGET // max(per_row, 1)))
     P = sum(int(np.size(leaf)) for leaf in leaves)
     chunk = max(1, min(batch_size, _BUDGET // (per_block * per_row + P)))
-    example = _example_fn(plan, likelihood, num_rows, per_block)
+    example = _example_fn(plan, likelihood, num_rows, per_block, per_example)
     lik = likelihood if likelihood.per_example else None
 
     def batch(data):
         xb, yb, lb = data
-        (weights, biases, rest), sq_acts = jax.vmap(example, in_axes=(0, 0, 0 if lb is not None else None))(
+        (weights, biases, rest), sq_acts, extra = jax.vmap(example, in_axes=(0, 0, 0 if lb is not None else None))(
             xb, yb, lb)
         weights = [jnp.einsum("bgo,bgi->goi", w, a2) if L.positions == 1 else jnp.sum(w, axis=0)
                    for L, w, a2 in zip(layers, weights, sq_acts, strict=True)]
         return (weights, [None if b is None else jnp.sum(b, axis=0) for b in biases],
-                [jnp.sum(r, axis=0) for r in rest])
+                [jnp.sum(r, axis=0) for r in rest], jax.tree_util.tree_map(lambda t: jnp.sum(t, axis=0), extra))
 
-    weights, biases, rest = sharded_sum(batch, (inputs, targets, lik), chunk, mesh, axis, progress)
+    weights, biases, rest, sums = sharded_sum(batch, (inputs, targets, lik), chunk, mesh, axis, progress)
     per_leaf = [None] * len(leaves)
     for L, w, b in zip(layers, weights, biases, strict=True):  # w: (G, out, in) in patch order
         if L.in_perm is not None:
@@ -114,4 +116,5 @@ def layer_diag(plan, likelihood, inputs, targets, num_rows, batch_size, mesh, ax
             per_leaf[L.bias] = b.reshape(np.shape(leaves[L.bias]))
     for i, r in zip(others, rest, strict=True):
         per_leaf[i] = r
-    return jnp.concatenate([jnp.ravel(d).astype(jnp.result_type(leaves[i])) for i, d in enumerate(per_leaf)])
+    diagonal = jnp.concatenate([jnp.ravel(d).astype(jnp.result_type(leaves[i])) for i, d in enumerate(per_leaf)])
+    return diagonal if per_example is None else (diagonal, sums)

@@ -359,6 +359,20 @@ class GGNOp(_LikelihoodOperator):
         chunk = max(1, min(self.batch_size, (1 << 25) // max(K * P, 1)))
         return self._map(self._batch_rows, self._data(), chunk).reshape(-1, P)
 
+    def _diag_and_sums(self, per_example=None):
+        """`lo.diag` of the GGN; with ``per_example(f_n, y_n, lik_n)`` (`posteriors.laplace` sums the evidence's data
+        terms with it): ``(diagonal, its sum over the examples)`` from the per-layer rules' forward passes, None
+        on the general path. The dense and convolutional layers found in fn's program get their blocks by
+        per-layer rules (no per-example gradient of the whole network: `_layer_diag`); a model with none takes
+        the general path."""
+        plan = layer_plan(self.fn, self.params, jax.tree_util.tree_map(lambda a: a[0], self.inputs))
+        if plan is not None:
+            return layer_diag(plan, self.likelihood, self.inputs, self.targets,
+                              self.likelihood.factor_rows(self.num_outputs), self.batch_size, self.mesh, self.axis,
+                              self.progress, per_example)
+        d = self._diag_by_gradients()
+        return d if per_example is None else (d, None)
+
     def _diag_by_gradients(self):
         # Example n adds the column sums of squares of its K rows A_n J_n (K x P). With many outputs (a
         # 1,000-class head) the rows are taken in blocks of at most ~2^25 numbers, one `lax.scan` step per
@@ -388,14 +402,7 @@ class GGNOp(_LikelihoodOperator):
 
 @closed_forms.diag.register(GGNOp)
 def _ggnop_diag(op):
-    # The dense and convolutional layers found in fn's program get their blocks by per-layer rules (no
-    # per-example gradient of the whole network: `_layer_diag`); a model with none takes the general path.
-    plan = layer_plan(op.fn, op.params, jax.tree_util.tree_map(lambda a: a[0], op.inputs))
-    if plan is not None:
-        return layer_diag(plan, op.likelihood, op.inputs, op.targets,
-                          op.likelihood.factor_rows(op.num_outputs), op.batch_size,
-                          op.mesh, op.axis, op.progress)
-    return op._diag_by_gradients()
+    return op._diag_and_sums()
 
 
 class LossJacobianOp(_LikelihoodOperator):

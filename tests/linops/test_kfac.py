@@ -272,3 +272,24 @@ def test_other_diagonal_is_the_exact_ggn_diagonal_of_the_leaves_in_no_layer(batc
         assert d.shape == jax.tree_util.tree_leaves(params)[i].shape and np.ptp(expected) > 0
         assert_close(d.reshape(-1), expected, rtol=1e-10)
     assert lo.kfac(fn, params, X, y, Categorical()).other_diagonals == ()
+
+
+def test_per_example_sums_come_from_the_factors_pass():
+    """``per_example``: ``KFAC.sums`` is its sum over the examples (a short last batch), as a forward pass of its own
+    computes it, and the factors are unchanged; without it, None."""
+    model = eqx.nn.MLP(3, 4, 5, 2, activation=jnp.tanh, key=jax.random.key(0), dtype=jnp.float64)
+    fn, params = from_equinox(model)
+    X = jax.random.normal(jax.random.key(1), (13, 3), jnp.float64)
+    y = jnp.arange(13) % 4
+    K = lo.kfac(fn, params, X, y, Categorical(), batch_size=5,
+                per_example=lambda f, t, _: (Categorical().nll(f, t), f))
+    outputs = jax.vmap(fn, in_axes=(None, 0))(params, X)
+    losses = jax.vmap(Categorical().nll)(outputs, y)
+    assert np.ptp(np.asarray(losses)) > 0
+    assert_close(K.sums[0], jnp.sum(losses), rtol=1e-12)
+    assert_close(K.sums[1], jnp.sum(outputs, axis=0), rtol=1e-12)
+    plain = lo.kfac(fn, params, X, y, Categorical(), batch_size=5)
+    assert plain.sums is None
+    for (a, b), (c, d) in zip(K.factors, plain.factors, strict=True):
+        assert_close(a, c, rtol=1e-12)
+        assert_close(b, d, rtol=1e-12)

@@ -208,3 +208,24 @@ def test_conv_patches_are_jax_patches(spec, shape, filter_shape, strides, paddin
     assert_close(ours(x), expected, rtol=0)
     g = jax.random.normal(jax.random.key(1), expected.shape, jnp.float64)
     assert_close(jax.vjp(ours, x)[1](g)[0], vjp(g)[0], rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["cnn-groups2", "hwio-tokens-heteroscedastic"])
+def test_the_diagonal_pass_sums_a_per_example_function_of_the_outputs(name):
+    """``GGNOp._diag_and_sums(per_example)`` (the evidence's data terms in `posteriors.laplace`): the same diagonal,
+    and the sum over the examples of the outputs' loss and squared outputs, equal to a forward pass of their own (a
+    short last batch; a per-example likelihood hands each example its own)."""
+    fn, params, X, Y, lik = CASES[name]
+    G = lo.GGNOp(fn, params, X, Y, lik, batch_size=4)
+
+    def terms(f, y, lik_n):
+        return (lik if lik_n is None else lik_n).nll(f, y), f**2
+
+    d, (loss, squares) = G._diag_and_sums(terms)
+    outputs = jax.vmap(fn, in_axes=(None, 0))(params, X)
+    axis = 0 if lik.per_example else None
+    losses = jax.vmap(lambda lk, f, y: lk.nll(f, y), in_axes=(axis, 0, 0))(lik, outputs, Y)
+    assert np.ptp(np.asarray(losses)) > 0
+    assert_close(loss, jnp.sum(losses), rtol=1e-12)
+    assert_close(squares, jnp.sum(outputs**2, axis=0), rtol=1e-12)
+    assert_close(d, _dense_diagonal(name), rtol=1e-10)

@@ -74,14 +74,15 @@ def test_a_second_fit_over_a_selection_of_weights_compiles_nothing(selection):
 @pytest.mark.parametrize("structure", ["diag", "kfac"])
 def test_per_layer_variances_equal_the_jacobian_rows(name, structure):
     """Convolutions (strides, groups, an HWIO kernel), tokens, leaves in no layer, float64: the per-layer
-    quadratic forms equal diag(J Σ Jᵀ) from the rows of J."""
+    quadratic forms equal diag(J Σ Jᵀ) from the rows of J, and their forward passes' means the MAP outputs."""
     fn, params, X, Y, lik = CASES[name]
     post = pst.laplace(fn, params, (X, Y), lik, structure=structure, prior_precision=0.7)
     T = X[:5] * 1.1
-    _, var = pst.predictive.linearized(post, T)
+    mean, var = pst.predictive.linearized(post, T)
     ref = _row_values(post, T, 5, var.shape[1], False)
     assert np.ptp(np.asarray(ref)) > 0
     assert_close(var, ref, rtol=1e-10)
+    assert_close(mean, post.map_outputs(T), rtol=1e-12)  # the means from the per-layer rules' forward passes
 
 
 def test_a_model_wrapped_again_reuses_the_compiled_fit_and_predictive():

@@ -365,3 +365,22 @@ def test_data_without_examples_is_refused_by_the_function_called():
             call()
     with pytest.raises(ValueError, match=r"^projected_posterior: no examples in the training inputs"):
         pst.projected_posterior(fn, w, X, batch_size=1)
+
+
+@pytest.mark.parametrize("concat_limit", [2**20, 3])  # the small leaves checked together; every leaf on its own
+@pytest.mark.parametrize("bad", [jnp.nan, jnp.inf, -jnp.inf])
+def test_the_finiteness_check_finds_one_bad_entry_in_any_leaf(bad, concat_limit, monkeypatch):
+    """`_all_finite` (the fit's refusal of a non-finite curvature or factor) sees a single NaN or infinity in a
+    small leaf, in a large one, in float32 or float64, under `jax.jit` too; a finite tree (huge entries, whose
+    sum overflows, included) passes; integer leaves are not read."""
+    from posteriors import laplace_family
+
+    monkeypatch.setattr(laplace_family, "_FINITE_CONCAT", concat_limit)
+    tree = {"a": jnp.ones(2, jnp.float32), "b": jnp.full((3, 4), 3e38, jnp.float32), "c": jnp.zeros(5, jnp.float64),
+            "i": jnp.arange(3)}
+    check = laplace_family._all_finite
+    assert bool(check(tree)) and bool(jax.jit(check)(tree))
+    for leaf, index in (("a", 1), ("b", (2, 3)), ("c", 0)):
+        planted = {**tree, leaf: tree[leaf].at[index].set(bad)}
+        assert not bool(check(planted)) and not bool(jax.jit(check)(planted)), (leaf, bad)
+    assert bool(check({"i": jnp.arange(2)})) and bool(check({}))
