@@ -361,10 +361,10 @@ class GGNOp(_LikelihoodOperator):
 
     def _diag_and_sums(self, per_example=None):
         """`lo.diag` of the GGN; with ``per_example(f_n, y_n, lik_n)`` (`posteriors.laplace` sums the evidence's data
-        terms with it): ``(diagonal, its sum over the examples)`` from the per-layer rules' forward passes, None
-        on the general path. The dense and convolutional layers found in fn's program get their blocks by
-        per-layer rules (no per-example gradient of the whole network: `_layer_diag`); a model with none takes
-        the general path."""
+        terms with it): ``(diagonal, its sum over the examples)`` from the per-layer rules' forward passes (the sum
+        None on the general path, which has no per-layer pass). The dense and convolutional layers found in fn's
+        program get their blocks by per-layer rules (no per-example gradient of the whole network: `_layer_diag`);
+        a model with none takes the general path."""
         plan = layer_plan(self.fn, self.params, jax.tree_util.tree_map(lambda a: a[0], self.inputs))
         if plan is not None:
             return layer_diag(plan, self.likelihood, self.inputs, self.targets,

@@ -41,7 +41,9 @@ def batched_sum(fn, data, batch_size: int, progress: str | None = None):
     label of a progress bar over the batches (`tick`), or None.
 
     ``data`` is a pytree of arrays with the examples on their first axis; ``fn`` maps a batch of it to a
-    pytree of arrays of fixed shapes. Memory is that of one batch.
+    pytree of arrays of fixed shapes. Memory is that of one batch. Batches have at most ``batch_size``
+    examples: where a size of at least half of it divides the examples, every batch has that size (the body
+    compiles once); otherwise the short last batch is summed on its own, a second shape.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -76,6 +78,11 @@ def batched_sum(fn, data, batch_size: int, progress: str | None = None):
 def batched_map(fn, data, batch_size: int, progress: str | None = None):
     """``concatenate([fn(batch) for batch in batches(data)])`` along the example axis; ``progress``: the
     label of a progress bar over the batches, or None.
+
+    Every batch has one size, at most ``batch_size``, so the body compiles once: the last batch starts at
+    ``n - b`` and overlaps the one before it, and its repeated rows are dropped. ``fn`` must therefore map the
+    examples of a batch independently (row ``i`` of its outputs a function of example ``i`` alone), as a
+    `jax.vmap` of a per-example function does.
 
     Examples:
         >>> import jax.numpy as jnp
