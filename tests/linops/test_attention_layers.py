@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from flax.nnx.nn.attention import dot_product_attention_weights
 
 import linops as lo
 import posteriors as pst
@@ -42,10 +43,20 @@ def test_kfac_of_a_kernel_of_three_axes_is_exact_for_a_linear_gaussian_model(lay
     assert_close(K.bias_blocks[0], G[b, b], rtol=1e-10)
 
 
+def _flax_attention_in_float64(query, key, value, **_):
+    """flax's own attention weights, combined with the values as flax combines them. Its default attention
+    function hands the work to `jax.nn.dot_product_attention`, which takes the softmax in float32 whatever the
+    inputs' dtype. Then the model's outputs carry float32 rounding, and two exact ways of computing the same
+    variances differ by about 1e-8 wherever XLA fuses them differently, so they could not be compared at 1e-10."""
+    weights = dot_product_attention_weights(query, key)
+    return jnp.einsum("...hqk,...khd->...qhd", weights, value)
+
+
 class _FlaxAttention(nnx.Module):
     def __init__(self, rngs):
         self.mha = nnx.MultiHeadAttention(num_heads=2, in_features=4, qkv_features=6, out_features=3, decode=False,
-                                          param_dtype=jnp.float64, rngs=rngs)
+                                          dtype=jnp.float64, param_dtype=jnp.float64,
+                                          attention_fn=_flax_attention_in_float64, rngs=rngs)
 
     def __call__(self, x):
         return jnp.tanh(self.mha(x)).mean(0)
