@@ -190,6 +190,9 @@ def kfac(fn: Callable, params, inputs, targets, likelihood: Likelihood, *, appro
         raise ValueError(f"{who}: approximation must be one of {APPROXIMATIONS}, got {approximation!r}")
     _check_batch_size(batch_size, who)
     check_label(progress, who)
+    if per_example is not None and not callable(per_example):
+        raise TypeError(f"{who}: per_example must be a function (f_n, y_n, lik_n) -> pytree, or None; got "
+                        f"{type(per_example).__name__}")
     mesh, axis = check_mesh(mesh, axis, who)
     n, _ = _check_model(fn, params, inputs, who)
     _check_likelihood(likelihood, who)

@@ -290,6 +290,8 @@ def test_per_example_sums_come_from_the_factors_pass():
     assert_close(K.sums[1], jnp.sum(outputs, axis=0), rtol=1e-12)
     plain = lo.kfac(fn, params, X, y, Categorical(), batch_size=5)
     assert plain.sums is None
+    with pytest.raises(TypeError, match=r"kfac: per_example must be a function .* got str"):
+        lo.kfac(fn, params, X, y, Categorical(), per_example="loss")
     for (a, b), (c, d) in zip(K.factors, plain.factors, strict=True):
         assert_close(a, c, rtol=1e-12)
         assert_close(b, d, rtol=1e-12)
