@@ -462,8 +462,16 @@ def test_cg_claims_convergence_only_for_a_projection_at_the_dtypes_accuracy():
         assert bool(r.converged) == expected == (remaining <= rule), (kappa, dtype, remaining, rule)
         if expected:  # converged means a projection: checked against the exact one
             exact = x - V @ (V.T @ x)
-            error = np.linalg.norm(np.asarray(r.value, np.float64) - exact) / np.linalg.norm(exact)
-            assert error < (1e-3 if dtype == jnp.float32 else 1e-6), (kappa, dtype, error)
+            error = np.asarray(r.value, np.float64) - exact
+            # Outside M's row space the iteration only rounds (it subtracts row-space components from x) ...
+            outside = np.linalg.norm(error - V @ (V.T @ error)) / np.linalg.norm(exact)
+            assert outside < (1e-3 if dtype == jnp.float32 else 1e-6), (kappa, dtype, outside)
+            # ... and inside it the error is what M does not annihilate (M exact = 0): at most ||M r|| / sigma_min,
+            # which the convergence rule bounds. (The whole error was compared at 1e-6 in float64 before: 4e-9 at
+            # XLA's optimisation level 0, 1.1e-6 at its default level with its fusion emitters, CG stopping at
+            # another iterate that meets the rule; both within this bound.)
+            inside = np.linalg.norm(V @ (V.T @ error))
+            assert inside <= (1 + 1e-6) * remaining / np.linalg.svd(M, compute_uv=False)[-1], (kappa, dtype, inside)
 
 
 def test_a_symmetric_sweep_copies_no_stored_linearisation():

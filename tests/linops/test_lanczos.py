@@ -47,8 +47,15 @@ def test_top_eigenpairs_of_a_decaying_spectrum_from_fewer_steps():
 
 
 def test_pinv_factor_is_the_pseudo_inverse_on_the_krylov_space():
-    spectrum = np.array([4.0, 2.0, 1.0, 0.5, 0.0, 0.0])  # PSD, rank 4
-    M, _ = _prescribed(spectrum, seed=5)
+    # PSD, rank 4, with an exact null space: a rotation by a 4 x 4 Hadamard matrix / 2 (entries +-1/2, so M is
+    # exact in binary) of the range, the null space the last two coordinates. (A random rotation left M's zero
+    # eigenvalues at rounding size, ~1e-16, so whether the Krylov space was invariant at 5 steps or went on to a
+    # sixth depended on how XLA rounded the reorthogonalisation: 6 steps at its default optimisation level.)
+    H = 0.5 * np.array([[1, 1, 1, 1], [1, -1, 1, -1], [1, 1, -1, -1], [1, -1, -1, 1]])
+    R = np.eye(6)
+    R[:4, :4] = H
+    M = R @ np.diag([4.0, 2.0, 1.0, 0.5, 0.0, 0.0]) @ R.T
+    assert not M[4:].any() and not M[:, 4:].any()
     A = lo.Dense(jnp.asarray(M), tags={"symmetric", "psd"})
     v0 = np.random.default_rng(6).standard_normal(6)
     run = lo.lanczos(A, 6, v0=jnp.asarray(v0))
