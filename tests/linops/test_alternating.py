@@ -467,11 +467,14 @@ def test_cg_claims_convergence_only_for_a_projection_at_the_dtypes_accuracy():
             outside = np.linalg.norm(error - V @ (V.T @ error)) / np.linalg.norm(exact)
             assert outside < (1e-3 if dtype == jnp.float32 else 1e-6), (kappa, dtype, outside)
             # ... and inside it the error is what M does not annihilate (M exact = 0): at most ||M r|| / sigma_min,
-            # which the convergence rule bounds. (The whole error was compared at 1e-6 in float64 before: 4e-9 at
-            # XLA's optimisation level 0, 1.1e-6 at its default level with its fusion emitters, CG stopping at
-            # another iterate that meets the rule; both within this bound.)
+            # which the convergence rule bounds.
             inside = np.linalg.norm(V @ (V.T @ error))
             assert inside <= (1 + 1e-6) * remaining / np.linalg.svd(M, compute_uv=False)[-1], (kappa, dtype, inside)
+            # The whole error: 4e-9 in float64 at XLA's optimisation level 0, which the test session uses, but
+            # 1.1e-6 at JAX's default level 3 without the YNNPACK fusions (CG stops at another iterate that meets
+            # its rule, within the bound above); this holds at level 0 only, see issue 32's note.
+            relative = np.linalg.norm(error) / np.linalg.norm(exact)
+            assert relative < (1e-3 if dtype == jnp.float32 else 1e-6), (kappa, dtype, relative)
 
 
 def test_a_symmetric_sweep_copies_no_stored_linearisation():

@@ -403,9 +403,8 @@ def test_cg_reports_converged_only_when_the_true_residual_meets_the_tolerance():
     assert int(sol.num_steps) < 2000  # stopped by the recursion, not by the cap
     assert true > 10 * threshold  # the true residual did not follow it
     assert not bool(sol.converged)
-    # The residual reported is the true one, not the recursion's (which is below the threshold): it is recomputed
-    # in float32, so it carries that evaluation's rounding, on this x 0.07% at XLA's optimisation level 0, 3.5% at
-    # its default level 3 and 0.4% in numpy's float32 (the float64 value is the reference of all three).
-    # (This compared at rtol 1e-3 before, below what a float32 evaluation of this residual can promise.)
-    assert float(sol.residual_norm) > 10 * threshold
-    assert_close(float(sol.residual_norm), true, rtol=0.1)
+    assert float(sol.residual_norm) > 10 * threshold  # the recomputed residual, not the recursion's
+    # (Recomputed in float32, it carries that evaluation's rounding: on this x 0.07% off the float64 value at XLA's
+    # optimisation level 0, which the test session uses, but 3.5% at JAX's default level 3, and 0.4% in numpy's
+    # float32. The comparison below holds at level 0 only; see issue 32's note.)
+    assert_close(float(sol.residual_norm), true, rtol=1e-3)
