@@ -472,15 +472,15 @@ def test_cg_claims_convergence_only_for_a_projection_at_the_dtypes_accuracy():
             inside = np.linalg.norm(V @ (V.T @ error))
             assert inside <= (1 + 1e-6) * remaining / sigma_min, (kappa, dtype, inside)
             # The whole error, then, is what rounds plus what the rule lets through: at most
-            # rounding + rule / sigma_min relative to ||exact||. In float32 at kappa 10 that is under 1e-3. In
-            # float64 at kappa 1e4 the rule's bound is 3.2e-4: the test once asked for 1e-6 there, which CG met
-            # by going further than its rule at XLA's optimisation level 0 (4e-9) but not at JAX's default
-            # level 3 (1.1e-6, CG stopping at another iterate that meets the rule); the rule promises neither.
+            # rounding + rule / sigma_min relative to ||exact|| (3.2e-4 in float64 at kappa 1e4).
             relative = np.linalg.norm(error) / np.linalg.norm(exact)
             promised = (1e-3 if dtype == jnp.float32 else 1e-6) + rule / (sigma_min * np.linalg.norm(exact))
             assert relative <= promised, (kappa, dtype, relative, promised)
-            if dtype == jnp.float32:
-                assert relative < 1e-3, (kappa, relative)
+            # The test's original expectation, kept: 1e-6 in float64, which CG meets by going further than its
+            # rule at XLA's optimisation level 0 (4e-9), which the test session uses, but not at JAX's default
+            # level 3 (1.1e-6: CG stops at another iterate that meets the rule); the rule promises neither, so it
+            # fails at level 3 (issue 32's note).
+            assert relative < (1e-3 if dtype == jnp.float32 else 1e-6), (kappa, dtype, relative)
 
 
 def test_a_symmetric_sweep_copies_no_stored_linearisation():
