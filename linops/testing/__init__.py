@@ -35,7 +35,16 @@ def _default_rtol(dtype) -> float:
 
 
 def _probes(seed, n, k, dtype):
-    return jax.random.normal(jax.random.key(seed), (n, k), dtype=dtype)
+    """``k`` standard Gaussian probes of length ``n`` (complex: unit variance), drawn by NumPy from ``seed``.
+
+    Not `jax.random`: its draw compiles one program per shape and dtype (1 s each at XLA's default optimisation
+    level on 2 cores), and the checks draw probes of every shape they meet."""
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+    V = rng.standard_normal((n, k))
+    if np.issubdtype(dtype, np.complexfloating):
+        V = (V + 1j * rng.standard_normal((n, k))) / np.sqrt(2.0)
+    return jnp.asarray(V.astype(dtype))
 
 
 def _small(A) -> bool:
