@@ -59,6 +59,12 @@ class Unravel:
         sizes = [math.prod(s) for s in self.shapes]
         if flat.shape != (sum(sizes),):
             raise ValueError(f"unravel: expected a flat vector of shape ({sum(sizes)},), got {flat.shape}")
+        if not isinstance(flat, jax.core.Tracer):  # called eagerly: one compiled program per structure, not
+            return _unravel_program(self, flat)  # a split, a reshape and a cast per leaf, each its own program
+        return self._unravel(flat)
+
+    def _unravel(self, flat):
+        sizes = [math.prod(s) for s in self.shapes]
         parts = jnp.split(flat, np.cumsum(sizes)[:-1]) if len(sizes) > 1 else [flat]
         leaves = [p.reshape(s).astype(d) for p, s, d in zip(parts, self.shapes, self.dtypes, strict=True)]
         return jax.tree_util.tree_unflatten(self.treedef, leaves)
@@ -83,8 +89,16 @@ def ravel(params):
         >>> flat.shape, unravel(flat)["w"].shape
         ((6,), (2, 2))
     """
-    flat, _ = ravel_pytree(params)
+    traced = any(isinstance(a, jax.core.Tracer) for a in jax.tree_util.tree_leaves(params))
+    flat = ravel_pytree(params)[0] if traced else _ravel_program(params)  # eagerly: one program, not one per leaf
     return flat, unravel_of(params)
+
+
+# `ravel` and `Unravel` called eagerly (outside a trace): each would otherwise run a reshape, a cast and a slice
+# per leaf as single operations, each compiled on its own the first time (27 ms each at XLA's default optimisation
+# level on 2 cores: 0.7 s for a ten-leaf model, against one small program).
+_ravel_program = jax.jit(lambda params: ravel_pytree(params)[0])
+_unravel_program = jax.jit(lambda unravel, flat: unravel._unravel(flat), static_argnums=0)
 
 
 def unravel_of(params) -> Unravel:
