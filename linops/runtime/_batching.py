@@ -53,7 +53,8 @@ def batched_sum(fn, data, batch_size: int, progress: str | None = None):
     ``data`` is a pytree of arrays with the examples on their first axis; ``fn`` maps a batch of it to a
     pytree of arrays of fixed shapes. Memory is that of one batch. Batches have at most ``batch_size``
     examples: where a size of at least half of it divides the examples, every batch has that size (the body
-    compiles once); otherwise the short last batch is summed on its own, a second shape.
+    compiles once); otherwise the short last batch is summed on its own, a second shape. Called outside a trace
+    (eagerly), the whole loop is compiled as one program (`program`), so ``fn`` must be traceable.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -94,7 +95,8 @@ def batched_map(fn, data, batch_size: int, progress: str | None = None):
     Every batch has one size, at most ``batch_size``, so the body compiles once: the last batch starts at
     ``n - b`` and overlaps the one before it, and its repeated rows are dropped. ``fn`` must therefore map the
     examples of a batch independently (row ``i`` of its outputs a function of example ``i`` alone), as a
-    `jax.vmap` of a per-example function does.
+    `jax.vmap` of a per-example function does. Called outside a trace (eagerly), the whole loop is compiled as
+    one program (`program`), so ``fn`` must be traceable.
 
     Examples:
         >>> import jax.numpy as jnp

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from linops.runtime import batched_map, batched_sum
+from linops.testing import count_compilations
 from tests.linops._util import assert_close
 
 
@@ -57,3 +58,20 @@ def test_batched_sum_takes_a_batch_size_that_divides_the_examples_where_one_does
     assert all(batch // 2 <= s[0] <= batch for s in shapes[:1]), shapes
     assert (len(set(shapes)) == 1) == one_shape, shapes
     assert np.sum([s[0] for s in shapes[-1:]]) <= batch
+
+
+@pytest.mark.parametrize("loop", ["sum", "map"])
+def test_an_eager_loop_with_a_short_last_batch_compiles_one_program(loop):
+    """Called outside a trace, the slices, the scan, the last batch's body and the additions run as one program
+    (the last batch's body used to run operation by operation, each compiled on its own: 21 programs here for the
+    sum, 12 for the map), with the values of the loop traced inside a program."""
+    X = jnp.asarray(np.random.default_rng(0).standard_normal((11, 3)))  # batches of 4: 4, 4 and 3 (or 3 overlapping)
+    total = lambda b: jax.tree_util.tree_map(lambda a: jnp.sum(a, axis=0), _per_example(b))  # noqa: E731
+    run = (lambda d: batched_sum(total, d, 4)) if loop == "sum" else (lambda d: batched_map(_per_example, d, 4))
+    expected = jax.jit(run)(X)
+    with count_compilations() as compiled:
+        out = run(X)
+    assert len(compiled) == 1, compiled
+    for key in ("a", "b"):
+        assert_close(out[key], expected[key], rtol=1e-12)
+        assert_close(out[key], total(X)[key] if loop == "sum" else _per_example(X)[key], rtol=1e-12)

@@ -107,6 +107,36 @@ def test_a_model_wrapped_again_reuses_the_compiled_fit_and_predictive():
     assert_close(probs, pst.predictive.classification(fresh, X[:7]), rtol=1e-6)
 
 
+def test_ravel_and_unravel_called_eagerly_compile_one_program_each_per_structure():
+    """Eagerly, `ravel` and `Unravel` run as one program each (they used to run a reshape, a cast and a slice per
+    leaf, each compiled on its own: 11 programs for these four leaves); a tree of the same structure with new
+    values compiles nothing. The values are `ravel_pytree`'s, and the way back is exact."""
+    rng = np.random.default_rng(0)
+
+    def tree():
+        return {"w": jnp.asarray(rng.standard_normal((3, 5)), jnp.float32), "b": jnp.asarray(rng.standard_normal(5)),
+                "k": [jnp.asarray(rng.standard_normal((2, 2, 3))), jnp.asarray(rng.standard_normal(()))]}
+
+    first, second = tree(), tree()
+    shifted = jnp.asarray(np.arange(33.0))  # a flat vector of new values for the way back
+    with compiles() as events:
+        flat, unravel = ravel(first)
+        back = unravel(flat)
+    assert len(events) == 2, len(events)
+    with compiles() as events:
+        flat2, unravel2 = ravel(second)
+        back2 = unravel2(shifted)
+    assert events == [], f"{len(events)} compilations for a tree of the same structure"
+    assert_close(flat2, jax.flatten_util.ravel_pytree(second)[0], rtol=0)
+    assert flat.dtype == jnp.float64 and flat.shape == (3 * 5 + 5 + 12 + 1,)
+    expected = {"b": np.arange(5.0), "k": [np.arange(5.0, 17.0).reshape(2, 2, 3), np.asarray(17.0)],  # leaf order
+                "w": np.arange(18.0, 33.0).reshape(3, 5).astype(np.float32)}
+    for got, want in ((back, first), (back2, expected)):
+        for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            assert_close(g, w, rtol=0)
+
+
 def test_bound_models_differ_by_architecture_and_compare_array_fields_by_identity():
     class Shifted(eqx.Module):
         linear: eqx.nn.Linear
