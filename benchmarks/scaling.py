@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # before JAX starts
+# 8 host devices, before JAX starts, added to XLA_FLAGS unless they already choose a device count
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip()
 
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -269,7 +271,7 @@ def main(argv=None):
         "sizes": (784, 128, 128, 10), "n": 4096, "batch": 128, "rounds": 40, "devices": (1, 2, 4, 8),
         "projection": {"sizes": (64, 64, 64, 10), "n": 512, "batch": 16, "rounds": 10}}
     if jax.device_count() < 2:
-        run.log("scaling.py: only one device (XLA_FLAGS was set before this script); nothing to compare")
+        run.log("scaling.py: only one device (XLA_FLAGS chose one device count before this script); nothing to compare")
         return 0
     result = measure(cfg, run.log)
     projection = measure_projection(cfg, run.log)
