@@ -199,10 +199,13 @@ def fsp_objective(fn, prior, likelihood: Likelihood, *, num_data: int, context, 
         >>> loss = pst.fsp_objective(fn, RBF(0.5), Gaussian(0.1), num_data=8,
         ...                          context=lambda key: pst.context.uniform(key, X, 16))
         >>> opt = optax.adam(1e-2); state = opt.init(w)
+        >>> @jax.jit  # one compiled step: an eager `jax.grad` would dispatch every operation of the loss
+        ... def step(w, state, key):
+        ...     updates, state = opt.update(jax.grad(loss)(w, (X, Y), key), state)
+        ...     return optax.apply_updates(w, updates), state
         >>> before = loss(w, (X, Y), jax.random.key(0))
         >>> for i in range(100):
-        ...     g = jax.grad(loss)(w, (X, Y), jax.random.key(i))
-        ...     updates, state = opt.update(g, state); w = optax.apply_updates(w, updates)
+        ...     w, state = step(w, state, jax.random.key(i))
         >>> bool(loss(w, (X, Y), jax.random.key(0)) < before)
         True
     """
