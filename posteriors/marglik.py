@@ -407,6 +407,8 @@ def marglik_training(fn, params, data, likelihood, *, key: jax.Array, num_epochs
     flat, unravel = ravel(params)
     P = flat.shape[0]
     alpha = canonical_prior(prior_precision, params, select("all", params, who=who), REGISTRY[structure], who=who)
+    if prior_structure != "scalar":  # the form every update returns: the first fit and tuning compile the programs
+        alpha = jnp.asarray(np.broadcast_to(np.asarray(alpha), (P,)))  # the later ones reuse (one per parameter)
 
     state, lik, keys = optimizer.init(flat), likelihood, jax.random.split(key, num_epochs)
     history = {"loss": [], "epoch_seconds": [], "marglik_epochs": [], "update_seconds": [],
@@ -456,15 +458,10 @@ def _warn_if_flatter_than_the_network(post, X, Y, who):
     negative log-likelihood more than the network's magnitude plus 0.1 nats above it, on the first `CHECK_EXAMPLES`
     examples
     (the evidence is not a calibration criterion, and its predictive can be near-uniform; issue 39)."""
-    from posteriors.predictive import nll
-
     m = min(CHECK_EXAMPLES, Y.shape[0])
-    Xs, Ys = jax.tree_util.tree_map(lambda a: a[:m], X), Y[:m]
     if isinstance(post.likelihood, Gaussian) and post.likelihood.heteroscedastic:
         return  # a per-example noise does not slice with the examples here
-    out = jax.vmap(post.fn, in_axes=(None, 0))(post.params, Xs)
-    network = float(jnp.mean(jax.vmap(post.likelihood.nll)(out, Ys)))
-    predictive = float(nll(post, Xs, Ys, progress=False)) / m
+    network, predictive = (float(v) for v in _check_nlls(post, X, Y, m))
     if predictive - network > abs(network) + 0.1:
         warnings.warn(f"{who}: on the first {m} training examples the evidence-tuned predictive's negative "
                       f"log-likelihood is {predictive:.3g} per example, the network's alone {network:.3g}: the "
@@ -473,6 +470,17 @@ def _warn_if_flatter_than_the_network(post, X, Y, who):
                       "on validation data (optimize_prior_precision(method='gridsearch', objective='nll' or 'ece')) "
                       "may serve better: see the docs' how-to 'Calibrated without validation data'.",
                       UserWarning, stacklevel=3)
+
+
+@program
+def _check_nlls(post, X, Y, m):
+    """The network's mean negative log-likelihood and the predictive's, on the first ``m`` examples, as one
+    program (run eagerly, the network's forward pass and the likelihood compiled about 50 small programs)."""
+    from posteriors.predictive import nll
+
+    Xs, Ys = jax.tree_util.tree_map(lambda a: a[:m], X), Y[:m]
+    out = jax.vmap(post.fn, in_axes=(None, 0))(post.params, Xs)
+    return jnp.mean(jax.vmap(post.likelihood.nll)(out, Ys)), nll(post, Xs, Ys, progress=False) / m
 
 
 @functools.cache

@@ -145,6 +145,26 @@ def test_a_second_run_of_the_same_shapes_compiles_nothing():
     assert events == [], f"{len(events)} compilations on the second run"
 
 
+def test_later_updates_and_the_closing_check_of_a_first_run_compile_almost_nothing(monkeypatch):
+    """The first update compiles the fit and the tuning for the prior's form that every update returns (one
+    precision per parameter under a layerwise prior; the initial scalar compiled a second set of programs at the
+    second update), and the closing check is one program (it was about 50 small eager ones on a CNN)."""
+    import posteriors.marglik as marglik_module
+
+    X = jax.random.normal(jax.random.key(7), (40, 5))  # shapes of this test only: a first run
+    y = jnp.arange(40) % 4
+    fn, params = from_equinox(eqx.nn.MLP(5, 4, 6, 1, activation=jnp.tanh, key=jax.random.key(3)))
+    marks, real = [], marglik_module.laplace
+    with compiles() as events:
+        monkeypatch.setattr(marglik_module, "laplace", lambda *a, **k: marks.append(len(events)) or real(*a, **k))
+        fit = pst.marglik_training(fn, params, (X, y), Categorical(), key=jax.random.key(8), num_epochs=3,
+                                   batch_size=20, optimizer=optax.adam(1e-2), progress=False)
+        jax.block_until_ready(fit.params)
+    assert len(marks) == 3 and marks[0] > 0
+    assert marks[2] == marks[1], f"{marks[2] - marks[1]} compilations in the second update and the third epoch"
+    assert len(events) - marks[2] <= 1, f"{len(events) - marks[2]} compilations in the last update and the check"
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"burn_in": 5}, "burn_in"),
     ({"num_epochs": 0}, "num_epochs"),
