@@ -115,11 +115,11 @@ def pytest_terminal_summary(terminalreporter):
 
 
 # --- the longest tests first, so that the two workers of the default suite finish together -------------------------
-# pytest-xdist hands out tests in collection order, in batches of consecutive tests. tests/test_docstrings.py's two
-# interpreters (about 80 and 55 s at optimisation level 0, 155 and 99 s at level 3; every other test takes 20 s at
-# most) were collected near the end, where the worker that drew them could be left running them alone after the
-# other had run out of tests. Taken first (longest processing time first), they run while the rest are handed out
-# around them.
+# pytest-xdist hands out tests in collection order. tests/test_docstrings.py's two interpreters (about 80 and 55 s
+# at optimisation level 0, 155 and 99 s at level 3; every other test takes 20 s at most) were collected near the
+# end, where the worker that drew them could be left running them alone after the other had run out of tests: work
+# stealing (pyproject.toml) moves queued tests, not a running one. Taken first (longest processing time first),
+# they run while the rest are handed out around them.
 _LONGEST_FIRST = ("tests/test_docstrings.py::test_docstring_examples_run",)
 
 
