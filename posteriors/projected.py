@@ -329,8 +329,9 @@ def projected_posterior(fn, params, data, *, batch_size: int, prior_precision=1.
         projection_options: ``method``, ``max_sweeps``, ``rtol``, ``cutoff``, ``store_linearization``,
             ``row_dtype`` (with ``store_linearization="rows"``: the rows kept in float16, half their memory),
             ``progress`` (here True by default: a bar per projection that runs longer than two seconds; False
-            silences it), and ``mesh``, ``axis``, ``split_sweeps`` (the batches' factors built and kept on the
-            devices of a mesh) of `AlternatingProjectionOp`.
+            silences it), ``mesh``, ``axis``, ``split_sweeps`` (the batches' factors built and kept on the
+            devices of a mesh) and ``precision`` (default ``"highest"``: the projection's products in full float32
+            also on a GPU, whose default TF32 products stall CG) of `AlternatingProjectionOp`.
 
     Examples:
         >>> import jax, jax.numpy as jnp

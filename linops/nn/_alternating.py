@@ -19,6 +19,7 @@ Two ways to apply the projector $\Pi$:
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import equinox as eqx
@@ -116,6 +117,10 @@ class AlternatingProjectionOp(LinearOperator):
             with eigenvalue 1 exactly on $\ker M$, and CG converges to the same projector; but a product of
             projectors depends on its order and an average of shorter products contracts less than the full
             product, so it takes more sweeps, each costing $1/D$ of one (`benchmarks/scaling.py` measures both).
+        precision: of every product and convolution the projector traces (set-up, the network's passes, sweeps),
+            as `jax.default_matmul_precision` takes it: ``"highest"`` (default; full float32) or None (whatever is
+            in effect). A GPU's default float32 products are TF32, on which CG stalls (`docs/methods/projected.md`:
+            a CNN's projection stopped at a kernel residual of 2.1e-2 on an H200); CPUs compute them in full.
 
     Examples:
         >>> import jax.numpy as jnp, linops as lo
@@ -133,41 +138,33 @@ class AlternatingProjectionOp(LinearOperator):
     rtol: float = eqx.field(static=True)
     progress: bool = eqx.field(static=True)
     split_sweeps: bool = eqx.field(static=True)
+    precision: str | None = eqx.field(static=True)
 
     def __init__(self, blocks: RowBlocks, *, method="cg", max_sweeps=500, rtol=None, progress=False,
-                 split_sweeps=False):
+                 split_sweeps=False, precision="highest"):
         # Internal: use `from_jacobian`, `from_loss_jacobian` or `from_matrix`.
-        _check_options(method, max_sweeps, split_sweeps, blocks.mesh)
+        _check_options(method, max_sweeps, split_sweeps, blocks.mesh, precision)
         self.blocks, self.method, self.max_sweeps = blocks, method, int(max_sweeps)
         default = float(jnp.finfo(blocks.dtype).eps ** (2 / 3)) if method == "cg" else 0.0
         self.rtol = default if rtol is None else float(rtol)
-        self.progress, self.split_sweeps = bool(progress), bool(split_sweeps)
-
-    @classmethod
-    def _from_rows(cls, rows, *, method="cg", max_sweeps=500, rtol=None, cutoff=None, store_linearization=None,
-                   row_dtype=None, progress=False, mesh=None, axis="data", split_sweeps=False):
-        _check_options(method, max_sweeps, split_sweeps, mesh)  # before any work
-        _warn_if_few_free_directions(rows)
-        blocks = RowBlocks.build(rows, cutoff=cutoff, store_linearization=store_linearization, row_dtype=row_dtype,
-                                 mesh=mesh, axis=axis)
-        return cls(blocks, method=method, max_sweeps=max_sweeps, rtol=rtol, progress=progress,
-                   split_sweeps=split_sweeps)
+        self.progress, self.split_sweeps, self.precision = bool(progress), bool(split_sweeps), precision
 
     @classmethod
     def from_matrix(cls, M, *, batch_size: int, **options) -> AlternatingProjectionOp:
         r"""Projector onto $\ker M$ for a wide matrix ``M``, in batches of ``batch_size`` rows."""
-        return cls._from_rows(matrix_rows(M, batch_size), **options)
+        return _from_rows(cls, lambda: matrix_rows(M, batch_size), **options)
 
     @classmethod
     def from_jacobian(cls, fn, params, inputs, *, batch_size: int, **options) -> AlternatingProjectionOp:
         r"""Projector onto $\ker J$, $J$ the Jacobian of ``fn(params, x) -> (O,)`` on ``inputs``."""
-        return cls._from_rows(jacobian_rows(fn, params, inputs, batch_size), **options)
+        return _from_rows(cls, lambda: jacobian_rows(fn, params, inputs, batch_size), **options)
 
     @classmethod
     def from_loss_jacobian(cls, fn, params, inputs, targets, likelihood, *, batch_size: int,
                            **options) -> AlternatingProjectionOp:
         r"""Projector onto $\ker J_L$ (rows $g_n^\top J_n$): one row per example, whatever ``O``."""
-        return cls._from_rows(loss_jacobian_rows(fn, params, inputs, targets, likelihood, batch_size), **options)
+        return _from_rows(cls, lambda: loss_jacobian_rows(fn, params, inputs, targets, likelihood, batch_size),
+                          **options)
 
     # --- the row blocks' attributes, and the operator's ------------------------------------
 
@@ -195,8 +192,9 @@ class AlternatingProjectionOp(LinearOperator):
 
     def _sweep(self, v, symmetric=False):
         # with a progress bar, Ctrl-C is watched for after every batch (a sweep over many batches can take seconds)
-        return (_sweeps.split if self.split_sweeps else _sweeps.sequential)(self.blocks, v, symmetric,
-                                                                            watch=self.progress)
+        with _precise(self.precision):
+            sweep = _sweeps.split if self.split_sweeps else _sweeps.sequential
+            return sweep(self.blocks, v, symmetric, watch=self.progress)
 
     def project(self, x) -> Projection:
         """$\\Pi x$ with its diagnostics (a `Projection`).
@@ -314,9 +312,15 @@ class AlternatingProjectionOp(LinearOperator):
 
 # compiled as a public call's program (`linops.runtime.program`): one per operator structure, and Ctrl-C stops a
 # projection at its next batch (with a progress bar) instead of after its last sweep
-_project_jit = program(lambda A, x: A._project(x))
+_project_jit = program(lambda A, x: _precisely(A, A._project, x))
 _sweep_jit = program(lambda A, v: A._sweep(v))
-_ring_jit = program(lambda A, V: A._ring_project(V))
+_ring_jit = program(lambda A, V: _precisely(A, A._ring_project, V))
+
+
+def _precisely(A, method, *args):
+    """``method(*args)`` traced at the operator's precision (`_precise`)."""
+    with _precise(A.precision):
+        return method(*args)
 _symmetric_sweep_jit = program(lambda A, v: A._sweep(v, symmetric=True))
 
 
@@ -344,7 +348,31 @@ def _in_kernel(blocks, remaining, x):
 _PATIENCE = 50  # CG steps without a new smallest residual before the projection stops
 
 
-def _check_options(method, max_sweeps, split_sweeps, mesh):
+def _from_rows(cls, make_rows, *, method="cg", max_sweeps=500, rtol=None, cutoff=None, store_linearization=None,
+               row_dtype=None, progress=False, mesh=None, axis="data", split_sweeps=False, precision="highest"):
+    """The projector on the rows ``make_rows()`` gives, built (rows, Grams, factors) at ``precision``."""
+    _check_options(method, max_sweeps, split_sweeps, mesh, precision)  # before any work
+    with _precise(precision):  # the rows, Grams and factors at the sweeps' precision
+        rows = make_rows()
+        _warn_if_few_free_directions(rows)
+        blocks = RowBlocks.build(rows, cutoff=cutoff, store_linearization=store_linearization,
+                                 row_dtype=row_dtype, mesh=mesh, axis=axis)
+    return cls(blocks, method=method, max_sweeps=max_sweeps, rtol=rtol, progress=progress,
+               split_sweeps=split_sweeps, precision=precision)
+
+
+def _precise(precision):
+    """`jax.default_matmul_precision` of ``precision`` while the projector's programs are traced (None: as it is)."""
+    return contextlib.nullcontext() if precision is None else jax.default_matmul_precision(precision)
+
+
+_PRECISIONS = ("default", "high", "highest", "bfloat16", "tensorfloat32", "float32")
+
+
+def _check_options(method, max_sweeps, split_sweeps, mesh, precision="highest"):
+    if precision is not None and precision not in _PRECISIONS:
+        raise ValueError(f"AlternatingProjectionOp: precision must be None or one of {_PRECISIONS} (as "
+                         f"jax.default_matmul_precision takes it), got {precision!r}")
     if method not in ("cg", "plain"):
         raise ValueError(f"AlternatingProjectionOp: method must be 'cg' or 'plain', got {method!r}")
     if int(max_sweeps) < 1:
