@@ -191,7 +191,8 @@ class AlternatingProjectionOp(LinearOperator):
         return _symmetric_sweep_jit(self, v)
 
     def _sweep(self, v, symmetric=False):
-        # with a progress bar, Ctrl-C is watched for after every batch (a sweep over many batches can take seconds)
+        # with a progress bar, Ctrl-C is watched for after every batch (a sweep over many batches can take seconds);
+        # at the operator's precision wherever it is traced (its programs, or an iteration of one's own around it)
         with _precise(self.precision):
             sweep = _sweeps.split if self.split_sweeps else _sweeps.sequential
             return sweep(self.blocks, v, symmetric, watch=self.progress)
@@ -310,17 +311,17 @@ class AlternatingProjectionOp(LinearOperator):
     rmv = mv
 
 
+def _precisely(A, method, *args):
+    """``method(*args)`` traced at the operator's precision (`_precise`); `_sweep` sets it itself."""
+    with _precise(A.precision):
+        return method(*args)
+
+
 # compiled as a public call's program (`linops.runtime.program`): one per operator structure, and Ctrl-C stops a
 # projection at its next batch (with a progress bar) instead of after its last sweep
 _project_jit = program(lambda A, x: _precisely(A, A._project, x))
 _sweep_jit = program(lambda A, v: A._sweep(v))
 _ring_jit = program(lambda A, V: _precisely(A, A._ring_project, V))
-
-
-def _precisely(A, method, *args):
-    """``method(*args)`` traced at the operator's precision (`_precise`)."""
-    with _precise(A.precision):
-        return method(*args)
 _symmetric_sweep_jit = program(lambda A, v: A._sweep(v, symmetric=True))
 
 
