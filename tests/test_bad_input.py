@@ -176,6 +176,10 @@ CASES = {
         lambda: lo.AlternatingProjectionOp.from_jacobian(fn, W, X, batch_size=2, store_linearization="rows",
                                                          row_dtype="half precision"), TypeError,
         r"AlternatingProjectionOp: row_dtype must be a floating dtype such as 'float16', got 'half precision'"),
+    "AlternatingProjectionOp: precision": (
+        lambda: lo.AlternatingProjectionOp.from_jacobian(fn, W, X, batch_size=2, precision="tf32"), ValueError,
+        r"AlternatingProjectionOp: precision must be None or one of \('default', 'high', 'highest', 'bfloat16', "
+        r"'tensorfloat32', 'float32'\) \(as jax.default_matmul_precision takes it\), got 'tf32'"),
     "hutchinson: samples": (
         lambda: lo.trace(lo.Dense(jnp.eye(3)), method="hutchinson", num_samples=1, key=jax.random.key(0)),
         ValueError, r"hutchinson: num_samples must be >= 2"),

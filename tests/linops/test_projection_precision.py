@@ -73,11 +73,10 @@ def test_every_product_of_the_set_up_and_the_sweeps_is_at_the_precision_asked_fo
     np.testing.assert_allclose(Pi @ x, inherit @ x, rtol=1e-10, atol=1e-12)
 
 
-def test_the_projected_posterior_passes_the_precision_on_and_a_bad_one_is_refused():
+def test_the_projected_posterior_passes_the_precision_on():
+    """(A precision it does not know is refused before any work: tests/test_bad_input.py.)"""
     params, X = _setup()
     post = pst.projected_posterior(_cnn, params, X, batch_size=2, progress=False)
     assert post.projection.precision == "highest"
     post = pst.projected_posterior(_cnn, params, X, batch_size=2, progress=False, precision="float32")
     assert post.projection.precision == "float32"
-    with pytest.raises(ValueError, match=r"AlternatingProjectionOp: precision must be None or one of .*'tf32'"):
-        lo.AlternatingProjectionOp.from_jacobian(_cnn, params, X, batch_size=2, precision="tf32")
