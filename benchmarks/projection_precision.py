@@ -10,7 +10,7 @@ and agree; on a GPU, JAX's default float32 products are TF32, the projection's C
 (`docs/methods/projected.md`), and this measures what full products cost there.
 
 Run:  python benchmarks/projection_precision.py            # full run (about 5 minutes on 2 cores)
-      python benchmarks/projection_precision.py --quick    # smoke run (seconds)
+      python benchmarks/projection_precision.py --quick    # smoke run (about 30 s)
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 from projected import _CNN
 
 import linops as lo
-from linops.models import from_equinox
+from linops.models import from_equinox, ravel
 
 PRECISIONS = {"highest": "highest", "in effect": None}
 STORAGES = {"rows": "rows", "linearization": True}
@@ -57,7 +57,7 @@ def main(argv=None):
     size, hidden, n = (8, 8, 20) if run.quick else (28, 76, 200)
     fn, params = from_equinox(_CNN(jax.random.key(2), size, hidden))
     X = jax.random.uniform(jax.random.key(0), (n, 1, size, size), jnp.float32)
-    P = sum(a.size for a in jax.tree_util.tree_leaves(params))
+    P = ravel(params)[0].size
     V = jax.random.normal(jax.random.key(1), (P, 10), jnp.float32)
     run.log(f"{P:,} parameters, {n} images in batches of {n // 4}, {jax.default_backend()}; default precision "
             f"{jax.config.jax_default_matmul_precision}")

@@ -10,7 +10,7 @@ from linops.likelihoods import Gaussian
 from linops.models import ravel
 from linops.testing import assert_projector, assert_symmetric
 
-from ._util import assert_close
+from ._util import assert_close, equations
 
 D, H = 3, 14  # a tanh MLP with 101 parameters for O = 3
 
@@ -490,16 +490,8 @@ def test_a_symmetric_sweep_copies_no_stored_linearisation():
     op = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=4, store_linearization=True)
     stored = sum(a.size for a in jax.tree_util.tree_leaves(op.blocks.stored))
     assert op.stores_linearization and stored > 0
-    def sizes(jaxpr):  # every intermediate, inside nested (jit, scan) programs too
-        for eqn in jaxpr.eqns:
-            yield from (v.aval.size for v in eqn.outvars if hasattr(v.aval, "size"))
-            for param in eqn.params.values():
-                for sub in param if isinstance(param, (tuple, list)) else (param,):
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        yield from sizes(inner)
-
-    largest = max(sizes(jax.make_jaxpr(lambda v: op.symmetric_sweep(v))(x).jaxpr))
+    jaxpr = jax.make_jaxpr(lambda v: op.symmetric_sweep(v))(x).jaxpr  # every intermediate, nested programs too
+    largest = max(v.aval.size for eqn in equations(jaxpr) for v in eqn.outvars if hasattr(v.aval, "size"))
     assert largest < stored / 2  # at most a batch's worth, never (batches - 1) batches of it
     # the symmetric sweep Q_1 ... Q_B ... Q_1 from the dense per-batch projectors
     Q = np.eye(J.shape[1])

@@ -7,12 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given
-from jax.extend import core as jex_core
 
 import linops as lo
 from linops.testing import strategies as lst
 
-from ._util import assert_close
+from ._util import assert_close, equations
 
 RNG = np.random.default_rng(0)
 
@@ -24,17 +23,7 @@ def _spd(n, rng=RNG):
 
 def _count(fn, *args, names=("cholesky", "lu", "eigh")):
     """How many factorisation primitives the traced program of ``fn`` contains (nested jaxprs included)."""
-    counts = {}
-
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name in names:
-                counts[eqn.primitive.name] = counts.get(eqn.primitive.name, 0) + 1
-            for sub in jex_core.jaxprs_in_params(eqn.params):
-                walk(sub)
-
-    walk(jax.make_jaxpr(fn)(*args).jaxpr)
-    return sum(counts.values())
+    return sum(eqn.primitive.name in names for eqn in equations(jax.make_jaxpr(fn)(*args).jaxpr))
 
 
 # --- the defects -------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ from jax import lax
 import linops as lo
 import posteriors as pst
 
+from ._util import equations
+
 HIGHEST = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)
 HIGH = (lax.Precision.HIGH, lax.Precision.HIGH)  # what "tensorfloat32" asks for
 _seen = []  # the precision in effect each time the network is traced
@@ -33,17 +35,8 @@ def _setup():
 
 def _products(jaxpr):
     """The precision of every dot_general and convolution in ``jaxpr`` and in the programs nested in it."""
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name in ("dot_general", "conv_general_dilated"):
-            found.append((eqn.primitive.name, eqn.params["precision"]))
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(sub, jax.extend.core.ClosedJaxpr):
-                    found += _products(sub.jaxpr)
-                elif isinstance(sub, jax.extend.core.Jaxpr):
-                    found += _products(sub)
-    return found
+    return [(eqn.primitive.name, eqn.params["precision"]) for eqn in equations(jaxpr)
+            if eqn.primitive.name in ("dot_general", "conv_general_dilated")]
 
 
 @pytest.mark.parametrize("storage", ["rows", True, False])
