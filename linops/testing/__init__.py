@@ -38,13 +38,15 @@ def _probes(seed, n, k, dtype):
     """``k`` standard Gaussian probes of length ``n`` (complex: unit variance), drawn by NumPy from ``seed``.
 
     Not `jax.random`: its draw compiles one program per shape and dtype (1 s each at XLA's default optimisation
-    level on 2 cores), and the checks draw probes of every shape they meet."""
+    level on 2 cores), and the checks draw probes of every shape they meet. The checks' own arithmetic (the
+    dense references, norms and inner products) is NumPy's too, for the same reason: an eager `jax.numpy`
+    operation compiles a program of its own; only the operator's products are JAX's."""
     rng = np.random.default_rng(seed)
     dtype = np.dtype(dtype)
     V = rng.standard_normal((n, k))
     if np.issubdtype(dtype, np.complexfloating):
         V = (V + 1j * rng.standard_normal((n, k))) / np.sqrt(2.0)
-    return jnp.asarray(V.astype(dtype))
+    return V.astype(dtype)
 
 
 def _small(A) -> bool:
@@ -90,7 +92,7 @@ def assert_operators_close(A, B, *, seed: int = 0, num_probes: int = 8, rtol=Non
     m, n = A_op.shape
     dtype = jnp.result_type(A_op.dtype, B_op.dtype)
     if _small(A_op):
-        V, U = jnp.eye(n, dtype=dtype), jnp.eye(m, dtype=dtype)
+        V, U = np.eye(n, dtype=dtype), np.eye(m, dtype=dtype)
     else:
         V, U = _probes(seed, n, num_probes, dtype), _probes(seed + 1, m, num_probes, dtype)
     name = f"{describe(A_op)} vs {describe(B_op)}"
@@ -114,15 +116,15 @@ def assert_adjoint(A: LinearOperator, *, seed: int = 0, num_probes: int = 4, rto
     rtol, _ = _tols(A, rtol, None)
     m, n = A.shape
     X, Y = _probes(seed, n, num_probes, A.dtype), _probes(seed + 1, m, num_probes, A.dtype)
-    AX, ATY = A @ X, A.T @ Y
-    lhs = jnp.sum(AX * Y, axis=0)
-    rhs = jnp.sum(X * ATY, axis=0)
-    nx, ny = jnp.linalg.norm(X, axis=0), jnp.linalg.norm(Y, axis=0)
-    scale = jnp.linalg.norm(AX, axis=0) * ny + nx * jnp.linalg.norm(ATY, axis=0)
+    AX, ATY = np.asarray(A @ X), np.asarray(A.T @ Y)
+    lhs = np.sum(AX * Y, axis=0)
+    rhs = np.sum(X * ATY, axis=0)
+    nx, ny = np.linalg.norm(X, axis=0), np.linalg.norm(Y, axis=0)
+    scale = np.linalg.norm(AX, axis=0) * ny + nx * np.linalg.norm(ATY, axis=0)
     floor = float(np.finfo(np.dtype(A.dtype)).eps) ** 0.75 * nx * ny  # rounding of products that cancel
-    bad = np.asarray(jnp.abs(lhs - rhs) > rtol * scale + floor)
-    if bad.any() or not np.isfinite(np.asarray(lhs)).all():
-        raise AssertionError(f"{describe(A)}: <Ax, y> != <x, A^T y>: {np.asarray(lhs)} vs {np.asarray(rhs)}")
+    bad = np.abs(lhs - rhs) > rtol * scale + floor
+    if bad.any() or not np.isfinite(lhs).all():
+        raise AssertionError(f"{describe(A)}: <Ax, y> != <x, A^T y>: {lhs} vs {rhs}")
 
 
 def _square(A, what):
@@ -141,7 +143,7 @@ def assert_symmetric(A: LinearOperator, *, seed: int = 0, num_probes: int = 8, r
     _square(A, "assert_symmetric")
     rtol, atol = _tols(A, rtol, None)
     n = A.shape[0]
-    V = jnp.eye(n, dtype=A.dtype) if _small(A) else _probes(seed, n, num_probes, A.dtype)
+    V = np.eye(n, dtype=A.dtype) if _small(A) else _probes(seed, n, num_probes, A.dtype)
     _close(A @ V, A.T @ V, rtol, atol, f"{describe(A)} is not symmetric", V)
     if _small(A):
         M = np.asarray(A @ V)
@@ -163,17 +165,17 @@ def assert_psd(A: LinearOperator, *, seed: int = 0, num_probes: int = 8, rtol=No
     rtol, _ = _tols(A, rtol, None)
     n = A.shape[0]
     if _small(A):
-        w = np.linalg.eigvalsh(np.asarray(A @ jnp.eye(n, dtype=A.dtype)))
+        w = np.linalg.eigvalsh(np.asarray(A @ np.eye(n, dtype=A.dtype)))
         floor = float(np.finfo(np.dtype(A.dtype)).eps) ** 0.75  # rounding, relative to unit probes
         if w.min() < -(rtol * abs(w).max() + floor):
             raise AssertionError(f"{describe(A)} is not PSD: smallest eigenvalue {w.min():.3e}")
         return
     V = _probes(seed, n, num_probes, A.dtype)
-    AV = A @ V
-    q = np.asarray(jnp.sum(V * AV, axis=0))
-    nv = jnp.linalg.norm(V, axis=0)
+    AV = np.asarray(A @ V)
+    q = np.sum(V * AV, axis=0)
+    nv = np.linalg.norm(V, axis=0)
     floor = float(np.finfo(np.dtype(A.dtype)).eps) ** 0.75 * nv**2
-    bound = np.asarray(rtol * jnp.linalg.norm(AV, axis=0) * nv + floor)
+    bound = rtol * np.linalg.norm(AV, axis=0) * nv + floor
     if (q < -bound).any():
         raise AssertionError(f"{describe(A)} is not PSD: v^T A v = {q.min():.3e} on a probe")
 
@@ -188,10 +190,10 @@ def assert_projector(P: LinearOperator, *, seed: int = 0, num_probes: int = 8, r
     assert_symmetric(P, seed=seed, num_probes=num_probes, rtol=rtol)
     rtol, atol = _tols(P, rtol, None)
     n = P.shape[0]
-    V = jnp.eye(n, dtype=P.dtype) if _small(P) else _probes(seed, n, num_probes, P.dtype)
-    PV = P @ V
+    V = np.eye(n, dtype=P.dtype) if _small(P) else _probes(seed, n, num_probes, P.dtype)
+    PV = np.asarray(P @ V)
     # A projector has norm <= 1, so the error is measured against the probes' size.
-    _close(P @ PV, PV, 0.0, atol + rtol * float(jnp.linalg.norm(V)), f"{describe(P)} is not idempotent (P P != P)")
+    _close(P @ PV, PV, 0.0, atol + rtol * float(np.linalg.norm(V)), f"{describe(P)} is not idempotent (P P != P)")
 
 
 def assert_tags_hold(A: LinearOperator, *, seed: int = 0, num_probes: int = 8, rtol=None) -> None:
@@ -212,14 +214,14 @@ def assert_tags_hold(A: LinearOperator, *, seed: int = 0, num_probes: int = 8, r
         assert_symmetric(A, **kw)
     rtol_, atol = _tols(A, rtol, None)
     n = A.shape[1]
-    V = jnp.eye(n, dtype=A.dtype) if _small(A) else _probes(seed, n, num_probes, A.dtype)
-    AV = A @ V
+    V = np.eye(n, dtype=A.dtype) if _small(A) else _probes(seed, n, num_probes, A.dtype)
+    AV = np.asarray(A @ V)
     if _tags.zero in tags:
-        _close(AV, jnp.zeros_like(AV), rtol_, atol, f"{describe(A)} is tagged zero but is not", V)
+        _close(AV, np.zeros_like(AV), rtol_, atol, f"{describe(A)} is tagged zero but is not", V)
     if _tags.identity in tags:
         _close(AV, V, rtol_, atol, f"{describe(A)} is tagged identity but is not", V)
     if _tags.diagonal in tags:
-        d = A @ jnp.ones(n, A.dtype)
+        d = np.asarray(A @ np.ones(n, A.dtype))
         _close(AV, d[:, None] * V, rtol_, atol, f"{describe(A)} is tagged diagonal but is not", V)
     if _tags.orthogonal in tags:
         _close(A.T @ AV, V, rtol_, atol, f"{describe(A)} is tagged orthogonal but A^T A != I", V)
@@ -234,7 +236,7 @@ def assert_operator_matches(A: LinearOperator, dense, *, seed: int = 0, rtol=Non
         >>> M = jnp.array([[1.0, 2.0], [3.0, 4.0]])
         >>> assert_operator_matches(lo.Dense(M), M)
     """
-    dense = jnp.asarray(dense)
+    dense = np.asarray(dense)
     rtol_, atol = _tols(A, rtol, None)
     if tuple(dense.shape) != tuple(A.shape):
         raise AssertionError(f"{describe(A)} vs reference of shape {tuple(dense.shape)}")
@@ -242,12 +244,13 @@ def assert_operator_matches(A: LinearOperator, dense, *, seed: int = 0, rtol=Non
     x = _probes(seed, n, 1, A.dtype)[:, 0]
     y = _probes(seed + 1, m, 1, A.dtype)[:, 0]
     X = _probes(seed + 2, n, 3, A.dtype)
-    eye = jnp.eye(n, dtype=A.dtype)
+    eye = np.eye(n, dtype=A.dtype)
     _close(A @ x, dense @ x, rtol_, atol, f"{describe(A)}: mv differs from the reference", x)
     _close(A @ X, dense @ X, rtol_, atol, f"{describe(A)}: mm differs from the reference", X)
     _close(A.T @ y, dense.T @ y, rtol_, atol, f"{describe(A)}: transposed mv differs from the reference", y)
     _close(A.as_matrix(), dense, rtol_, atol, f"{describe(A)}: as_matrix differs from the reference", eye)
-    _close(A @ (2.0 * x + X[:, 0]), 2.0 * (A @ x) + A @ X[:, 0], rtol_, atol, f"{describe(A)} is not linear", X)
+    combined = 2.0 * np.asarray(A @ x) + np.asarray(A @ X[:, 0])
+    _close(A @ (2.0 * x + X[:, 0]), combined, rtol_, atol, f"{describe(A)} is not linear", X)
     assert_adjoint(A, seed=seed, rtol=rtol)
     assert_tags_hold(A, seed=seed, rtol=rtol)
 

@@ -116,6 +116,27 @@ def test_fresh_operators_of_one_structure_trace_and_compile_once():
         assert jax.tree_util.tree_structure(build(3)) == jax.tree_util.tree_structure(build(4)), name
 
 
+def test_operators_applied_eagerly_compile_one_program_per_structure():
+    """Outside a trace, ``A @ x`` and ``A.as_matrix()`` are one compiled program per structure and shape: a
+    composite's first product compiles one program (not one per `jax.numpy` operation it meets), fresh operators of
+    one structure compile nothing more, and the values are those of the operation-by-operation product."""
+    v = jnp.linspace(-1.0, 1.0, 4)
+    for name, build in _fresh_operators().items():
+        with count_compilations() as first:
+            build(0) @ v
+        assert len(first) == 1, f"{name}: {len(first)} compilations for one eager product"
+        build(0).as_matrix()
+        ops = [build(i) for i in (1, 2)]
+        with count_compilations() as compiled:
+            outs = [op @ v for op in ops]
+            mats = [op.as_matrix() for op in ops]
+        assert compiled == [], f"{name}: {len(compiled)} compilations for fresh operators"
+        for op, out, mat in zip(ops, outs, mats, strict=True):
+            reference = np.asarray(jax.vmap(op.mv)(jnp.eye(4))).T  # operation by operation
+            assert_close(out, reference @ np.asarray(v), rtol=1e-5)
+            assert_close(mat, reference, rtol=1e-5)
+
+
 def test_lowering_fresh_operators_of_one_structure_reuses_the_program():
     build = _fresh_operators()["congruence plus identity"]
     v = jnp.ones(4)
