@@ -137,6 +137,24 @@ def test_operators_applied_eagerly_compile_one_program_per_structure():
             assert_close(mat, reference, rtol=1e-5)
 
 
+def test_a_ggn_product_applied_eagerly_compiles_once():
+    """``G @ v`` outside jax.jit on a GGN operator (whose product streams over batches) compiles on its first call
+    only, for a fresh operator on new parameters too; its product before compiled its batch loop at every call
+    (a new program per call). Checked against the GGN's dense definition, J^T J / sigma^2."""
+    fn = lambda w, x: jnp.tanh(x @ w[:6].reshape(3, 2)) @ w[6:].reshape(2, 2)  # noqa: E731
+    X, Y = jnp.asarray(np.random.default_rng(0).standard_normal((8, 3))), jnp.zeros((8, 2))
+    v = jnp.linspace(-1.0, 1.0, 10)
+    build = lambda w: lo.GGNOp(fn, w, X, Y, lo.likelihoods.Gaussian(0.5), batch_size=3)  # noqa: E731
+    build(jnp.linspace(-1.0, 1.0, 10)) @ v
+    ws = [jnp.linspace(-1.0, 1.0, 10), jnp.linspace(0.5, 2.0, 10)]
+    with count_compilations() as compiled:
+        outs = [build(w) @ v for w in ws]
+    assert compiled == []
+    for w, out in zip(ws, outs, strict=True):
+        J = jax.jacobian(lambda p: jax.vmap(lambda x: fn(p, x))(X).reshape(-1))(w)
+        assert_close(out, np.asarray(J.T @ J @ v) / 0.25, rtol=1e-10)
+
+
 def test_lowering_fresh_operators_of_one_structure_reuses_the_program():
     build = _fresh_operators()["congruence plus identity"]
     v = jnp.ones(4)
