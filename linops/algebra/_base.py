@@ -34,10 +34,18 @@ def _compiled_here(op, *arrays) -> bool:
     0.74-3.2 s, later calls 2-5x faster; the tests of the algebra compile about 1,000 fewer programs). Not
     inside a caller's trace (the caller's program holds the product), nor for an operator of more than
     `_COMPILED_LEAVES` arrays: a product of 1,000 factors compiles for seconds to minutes as one program (issue
-    37), while applied operation by operation it reuses one program per operation and shape.
+    37), while applied operation by operation it reuses one program per operation and shape. Nor for an
+    operator that splits its work over the devices of a ``mesh`` (a network operator, a kernel Gram): its
+    products compile their own sharded programs, and XLA 0.10.2's SPMD partitioner aborts the process (a failed
+    check) on a `lo.HessianOp` on a mesh traced inside a program of one device's arrays.
     """
-    leaves = jax.tree_util.tree_leaves(op)
-    return len(leaves) <= _COMPILED_LEAVES and not any(isinstance(x, jax.core.Tracer) for x in (*leaves, *arrays))
+    leaves = jax.tree_util.tree_leaves(op, is_leaf=_on_a_mesh)
+    return (len(leaves) <= _COMPILED_LEAVES and not any(map(_on_a_mesh, leaves))
+            and not any(isinstance(x, jax.core.Tracer) for x in (*leaves, *arrays)))
+
+
+def _on_a_mesh(node) -> bool:
+    return not isinstance(node, jax.Array) and getattr(node, "mesh", None) is not None
 
 
 def _dense(op):
