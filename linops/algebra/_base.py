@@ -283,7 +283,9 @@ class LinearOperator(eqx.Module):
         dtype (keyed as `jax.jit` keys an operator: never by its identity), so a composite compiles once
         rather than once per `jax.numpy` operation it meets, and a freshly built operator of the same
         structure compiles nothing. An operator of more than 64 arrays (a product of a thousand factors)
-        is applied operation by operation instead; inside a trace, the caller's program holds the product.
+        is applied operation by operation instead, and so is one that splits its work over a device mesh
+        (its products compile their own sharded programs); inside a trace, the caller's program holds
+        the product.
 
         Examples:
             >>> import jax.numpy as jnp, linops as lo
