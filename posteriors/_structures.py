@@ -22,6 +22,7 @@ import numpy as np
 
 import linops as lo
 from linops.memory import check_fits
+from linops.runtime import flat_draw
 from posteriors._layer_predictive import diag_moments, kfac_moments
 from posteriors.weights import path_string
 
@@ -146,7 +147,7 @@ class StructuredGGN(eqx.Module):
     def sample(self, key, n, alpha, scale, factor) -> jax.Array:
         """``(P, n)`` draws of $\\mathcal N(0, \\Lambda^{-1})$: a square-root factor of the covariance times $z$."""
         R = lo.root(self.covariance(alpha, scale, factor))
-        return R @ jax.random.normal(key, (R.shape[1], n), R.dtype)
+        return R @ flat_draw(jax.random.normal, key, (R.shape[1], n), R.dtype)
 
     def logdet_fn(self, scalar_alpha: bool):
         """A function ``(alpha, scale) -> logdet`` for many evaluations (tuning)."""

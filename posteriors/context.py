@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linops.runtime import flat_draw
+
 
 def _box(X, padding, who, *, rows_only=True):
     X = jnp.asarray(X)
@@ -54,7 +56,7 @@ def uniform(key, X, num: int, *, padding: float = 0.5):
     """
     num = _count(num, "context.uniform")
     X, lo, hi = _box(X, padding, "context.uniform", rows_only=False)
-    return lo[None] + (hi - lo)[None] * jax.random.uniform(key, (num, *X.shape[1:]), X.dtype)
+    return lo[None] + (hi - lo)[None] * flat_draw(jax.random.uniform, key, (num, *X.shape[1:]), X.dtype)
 
 
 def from_data(key, X, num: int):

@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linops.runtime import flat_draw
+
 _EXTRA = 'the examples extra (pip install -e ".[examples]")'
 
 
@@ -179,7 +181,7 @@ def noise_images(key: jax.Array, n: int, shape) -> np.ndarray:
         (4, 8, 8)
     """
     n = _check_count(n, "noise_images")
-    return np.asarray(jax.random.uniform(key, (n, *tuple(shape))), np.float32)
+    return np.asarray(flat_draw(jax.random.uniform, key, (n, *tuple(shape))), np.float32)
 
 
 def digits_as_mnist() -> tuple[np.ndarray, np.ndarray]:
@@ -252,7 +254,7 @@ def moons(key: jax.Array, n: int, noise: float = 0.1) -> tuple[jax.Array, jax.Ar
     t1 = jnp.linspace(0.0, jnp.pi, n - n0)
     upper = jnp.stack([jnp.cos(t0), jnp.sin(t0)], axis=1)
     lower = jnp.stack([1.0 - jnp.cos(t1), 0.5 - jnp.sin(t1)], axis=1)
-    X = jnp.concatenate([upper, lower]) + noise * jax.random.normal(k1, (n, 2))
+    X = jnp.concatenate([upper, lower]) + noise * flat_draw(jax.random.normal, k1, (n, 2))
     y = jnp.concatenate([jnp.zeros(n0, jnp.int32), jnp.ones(n - n0, jnp.int32)])
     perm = jax.random.permutation(k2, n)
     return X[perm], y[perm]
@@ -279,7 +281,7 @@ def inbetween(key: jax.Array, n: int = 80, noise: float = 0.1) -> tuple[jax.Arra
     left = jax.random.uniform(k1, (n // 2,), minval=-1.5, maxval=-0.7)
     right = jax.random.uniform(k2, (n - n // 2,), minval=0.5, maxval=1.3)
     X = jnp.concatenate([left, right])[:, None]
-    return X, jnp.sin(3 * X) + noise * jax.random.normal(k3, (n, 1))
+    return X, jnp.sin(3 * X) + noise * flat_draw(jax.random.normal, k3, (n, 1))
 
 
 def sine_gap(key: jax.Array, n: int = 60, noise: float = 0.1) -> tuple[jax.Array, jax.Array]:
@@ -296,7 +298,7 @@ def sine_gap(key: jax.Array, n: int = 60, noise: float = 0.1) -> tuple[jax.Array
     k1, k2, k3 = jax.random.split(key, 3)
     side = jnp.where(jax.random.bernoulli(k2, 0.5, (n,)), 1.0, -1.0)
     X = (jax.random.uniform(k1, (n,), minval=0.5, maxval=1.0) * side)[:, None]
-    return X, jnp.sin(2 * jnp.pi * X) + noise * jax.random.normal(k3, (n, 1))
+    return X, jnp.sin(2 * jnp.pi * X) + noise * flat_draw(jax.random.normal, k3, (n, 1))
 
 
 def co2() -> tuple[np.ndarray, np.ndarray]:

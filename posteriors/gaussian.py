@@ -27,7 +27,7 @@ from equinox import AbstractVar
 
 import linops as lo
 from linops.models import example_spec, ravel
-from linops.runtime import program
+from linops.runtime import flat_draw, program
 from posteriors._training import positive_int
 
 
@@ -160,7 +160,7 @@ class AbstractLowRankPosterior(GaussianPosterior):
     def sample(self, key: jax.Array, n: int) -> jax.Array:
         """``n`` samples $\\theta^* + S z$, shape ``(n, P)``."""
         n = positive_int(n, "n", f"{type(self).__name__}.sample")
-        z = jax.random.normal(key, (self.U.shape[1], n), self.U.dtype)
+        z = flat_draw(jax.random.normal, key, (self.U.shape[1], n), self.U.dtype)
         return self.mean[None, :] + (self.factor @ z).T
 
     def output_factor(self, inputs) -> jax.Array:
@@ -185,7 +185,7 @@ class AbstractLowRankPosterior(GaussianPosterior):
         The same distribution as the base class's, from $r$ JVPs (``J S``) instead of one per sample.
         """
         mean = self.map_outputs(inputs)
-        z = jax.random.normal(key, (self.U.shape[1], n), self.U.dtype)
+        z = flat_draw(jax.random.normal, key, (self.U.shape[1], n), self.U.dtype)
         return mean[None] + (self.output_factor(inputs) @ z).T.reshape((n,) + mean.shape)
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 import linops as lo
 from linops.models import ravel
+from linops.runtime import flat_draw
 from posteriors._checks import check_data, check_examples, check_finite, check_likelihood, check_params
 from posteriors._training import positive_int
 from posteriors.gaussian import GaussianPosterior
@@ -76,7 +77,7 @@ class ProjectedPosterior(GaussianPosterior):
         (`linops.AlternatingProjectionOp.project_samples`), and ignores this ``mesh``.
         """
         n = positive_int(n, "n", f"{type(self).__name__}.sample")
-        eps = jax.random.normal(key, (self.mean.shape[0], n), self.mean.dtype)
+        eps = flat_draw(jax.random.normal, key, (self.mean.shape[0], n), self.mean.dtype)
         if mesh is None or self.projection.mesh is not None:  # a projection on a mesh already uses it
             result = self.projection.project_samples(eps)
             projected = result.value
@@ -209,7 +210,7 @@ def _optimal(projection, theta, key, num_samples, rtol=TRACE_RTOL, block=TRACE_B
     traced = any(isinstance(a, jax.core.Tracer) for a in (norm2, *jax.tree_util.tree_leaves(projection)))
     results, kept, seen = [], [], []
     for i, size in enumerate(sizes):
-        eps = jax.random.normal(key if i == 0 else jax.random.fold_in(key, i), (P, size), projection.dtype)
+        eps = flat_draw(jax.random.normal, key if i == 0 else jax.random.fold_in(key, i), (P, size), projection.dtype)
         results.append(projection.project_samples(eps))
         kept.append(P - jnp.sum(eps * results[-1].value, axis=0))  # P - eps^T Pi eps
         seen.append(jnp.sum(eps * (eps - results[-1].value), axis=0))  # eps^T (I - Pi) eps

@@ -41,7 +41,7 @@ import numpy as np
 import linops as lo
 from linops.likelihoods import Likelihood
 from linops.models import ravel
-from linops.runtime import canonical_convolutions, program, tick
+from linops.runtime import canonical_convolutions, flat_draw, program, tick
 from posteriors._checks import check_data, check_likelihood, check_params, check_targets
 from posteriors._training import check_step_settings, check_trained, minibatch_loss, positive_int
 from posteriors.gaussian import GaussianPosterior
@@ -161,10 +161,10 @@ class SWAGPosterior(GaussianPosterior):
         n = positive_int(n, "n", f"{type(self).__name__}.sample")
         k1, k2 = jax.random.split(key)
         std = jnp.sqrt(jnp.clip(self.variance, 0.0))
-        z1 = jax.random.normal(k1, (n, std.shape[0]), std.dtype)
+        z1 = flat_draw(jax.random.normal, k1, (n, std.shape[0]), std.dtype)
         if self.rank == 0:
             return self.mean[None, :] + z1 * std[None, :]
-        z2 = jax.random.normal(k2, (n, self.rank), std.dtype)
+        z2 = flat_draw(jax.random.normal, k2, (n, self.rank), std.dtype)
         return (self.mean[None, :] + z1 * std[None, :] / math.sqrt(2.0)
                 + (z2 @ self.deviations.T) / math.sqrt(2.0 * (self.rank - 1)))
 

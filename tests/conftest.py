@@ -47,9 +47,11 @@ def pytest_configure(config):
     run eagerly (reshape 1,124, broadcast 885, transpose 745, add 738, dot_general 596, matmul 545, ...: the tests'
     dense references and operators applied outside `jax.jit`), and 292 `jax.random.normal`/`uniform` draws of the
     tests' data, whose threefry programs take 0.6-1 s each to compile at level 3 (0.2 s for `unsafe_rbg`'s, 0.1 s at
-    level 0). Two tests fail there, their original tolerances asking more than float32 rounding (CG's recomputed
-    residual against float64 at 1e-3: 3.2% off) and CG's convergence rule (a projection's error below 1e-6: 1.1e-6,
-    within the rule's 3.2e-4) promise; kept, with those promises checked beside them.
+    level 0). The tests draw their data through `tests._draws` (flat draws, the same values: 398 s of random programs'
+    compilation at level 3 became 244 s, the suite 22:29 -> 20:32, 2026-12-01). Two tests fail there, their original
+    tolerances asking more than float32 rounding (CG's recomputed residual against float64 at 1e-3: 3.2% off) and CG's
+    convergence rule (a projection's error below 1e-6: 1.1e-6, within the rule's 3.2e-4) promise; kept, with those
+    promises checked beside them.
 
     Not in the distributed tier: its sharded-against-one-device comparisons include CG on split sweeps, which
     depends on rounding (at level 0, one of six samples stalls, with the library's warning), and an FSP covariance

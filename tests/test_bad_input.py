@@ -12,6 +12,7 @@ import pytest
 import linops as lo
 import posteriors as pst
 from linops.likelihoods import Bernoulli, Gaussian
+from tests import _draws as draws
 
 EVALUATIONS = []
 
@@ -222,7 +223,7 @@ def test_a_diverged_run_is_refused_never_returned_as_a_posterior():
     """SGD, Adam and the evidence's Adam at a learning rate far too large for the loss: float32 iterates overflow
     to inf and NaN, and each fit says so, naming the rate, instead of returning a posterior of NaN (issue 37)."""
     lin = lambda p, x: x @ p  # noqa: E731
-    Xs = 100.0 * jax.random.normal(jax.random.key(1), (40, 3), jnp.float32)
+    Xs = 100.0 * draws.normal(jax.random.key(1), (40, 3), jnp.float32)
     Ys = Xs @ jnp.ones((3, 2), jnp.float32)
     data = (Xs, Ys)
     with pytest.raises(ValueError, match=r"swag: the run diverged \(.*non-finite entries\); SGD at learning_rate=100"):
@@ -232,7 +233,7 @@ def test_a_diverged_run_is_refused_never_returned_as_a_posterior():
         pst.subnetwork.swag(lin, jnp.zeros((3, 2), jnp.float32), data, Gaussian(1.0), 2, key=KEY,
                             learning_rate=100.0, num_steps=200, progress=False)
     with pytest.raises(ValueError, match=r"deep_ensemble: the run diverged .*members \[0, 1, 2\] of 3 diverged"):
-        pst.deep_ensemble(lin, lambda k: jax.random.normal(k, (3, 2), jnp.float32), data, Gaussian(1.0), key=KEY,
+        pst.deep_ensemble(lin, lambda k: draws.normal(k, (3, 2), jnp.float32), data, Gaussian(1.0), key=KEY,
                           num_members=3, num_steps=200, learning_rate=1e37, progress=False)
     post = pst.laplace(fn, W, (X, Y), Gaussian(1.0), structure="diag")
     with pytest.raises(ValueError, match=r"optimize_prior_precision: the run diverged \(prior_precision has 1 "

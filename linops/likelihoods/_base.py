@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linops.algebra._leaves import Dense, Diagonal
+from linops.runtime import flat_draw
 
 
 class Likelihood(eqx.Module):
@@ -132,7 +133,7 @@ class Gaussian(Likelihood):
         return jnp.diag(1.0 / jnp.sqrt(self._var(f)))
 
     def sample(self, key, f, n):
-        return f[None] + jnp.sqrt(self._var(f))[None] * jax.random.normal(key, (n,) + f.shape, f.dtype)
+        return f[None] + jnp.sqrt(self._var(f))[None] * flat_draw(jax.random.normal, key, (n,) + f.shape, f.dtype)
 
     def check(self, num_outputs, targets, num_examples, who):
         if jnp.shape(targets) != (num_examples, num_outputs):
@@ -187,7 +188,7 @@ class HeteroscedasticGaussian(_DiagonalCurvature):
 
     def sample(self, key, f, n):
         mu, s = self._split(f)
-        return mu[None] + jnp.exp(0.5 * s)[None] * jax.random.normal(key, (n,) + mu.shape, f.dtype)
+        return mu[None] + jnp.exp(0.5 * s)[None] * flat_draw(jax.random.normal, key, (n,) + mu.shape, f.dtype)
 
     def check(self, num_outputs, targets, num_examples, who):
         if num_outputs % 2:
@@ -269,7 +270,8 @@ class Bernoulli(_DiagonalCurvature):
         return p * (1 - p)
 
     def sample(self, key, f, n):
-        return jax.random.bernoulli(key, jnp.broadcast_to(jax.nn.sigmoid(f), (n,) + f.shape)).astype(f.dtype)
+        p = jnp.broadcast_to(jax.nn.sigmoid(f), (n,) + f.shape).reshape(-1)  # flat: see flat_draw
+        return jax.random.bernoulli(key, p).reshape((n,) + f.shape).astype(f.dtype)
 
     def check(self, num_outputs, targets, num_examples, who):
         if jnp.shape(targets) != (num_examples, num_outputs):

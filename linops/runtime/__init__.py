@@ -7,6 +7,7 @@
   XLA's CPU back end runs fast.
 - `tick`, `new_bar`, `update`: progress bars drawn on the host, driven from inside compiled programs.
 - `has_conv`: whether a traced program has a convolution.
+- `flat_draw`: a `jax.random` draw of any shape, compiled as a flat one (the same values).
 
 The algebra, the network operators and the posteriors build on these names; this package imports none of
 them. Use them to give your own posterior the library's batching, compilation and progress bars.
@@ -22,6 +23,10 @@ Examples:
 from linops.runtime._batching import batched_map, batched_sum
 from linops.runtime._compile import program
 from linops.runtime._conv_layout import canonical_convolutions, has_conv
+from linops.runtime._draws import flat_draw
 from linops.runtime._progress import new_bar, tick, update
 
-__all__ = ["batched_map", "batched_sum", "canonical_convolutions", "has_conv", "new_bar", "program", "tick", "update"]
+__all__ = [
+    "batched_map", "batched_sum", "canonical_convolutions", "flat_draw", "has_conv", "new_bar", "program", "tick",
+    "update",
+]

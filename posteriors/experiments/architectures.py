@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from linops.models import from_equinox, from_flax_nnx
+from linops.runtime import flat_draw
 
 _SIZES = ("small", "real")
 _NORMS = ("group", "layer", "batch")
@@ -295,7 +296,7 @@ class _ViT(eqx.Module):
         num_tokens = (image_size // patch_size) ** 2 + (pool == "cls")
         self.embed = eqx.nn.Conv2d(in_channels, dim, patch_size, stride=patch_size, key=k_embed)
         self.cls_token = 0.02 * jax.random.normal(k_cls, (dim,)) if pool == "cls" else None
-        self.positions = 0.02 * jax.random.normal(k_pos, (num_tokens, dim))
+        self.positions = 0.02 * flat_draw(jax.random.normal, k_pos, (num_tokens, dim))
         self.blocks = [_TransformerBlock(dim, num_heads, mlp_dim, k) for k in k_blocks]
         self.norm = eqx.nn.LayerNorm(dim)
         self.head = eqx.nn.Linear(dim, num_classes, key=k_head)

@@ -32,6 +32,7 @@ import posteriors as pst
 from linops.kernels import RBF, Matern12, Matern52, Periodic, RationalQuadratic, fit_gp
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import from_equinox
+from linops.runtime import flat_draw
 from posteriors import data as pdata
 from posteriors.experiments._common import pyplot, write_seed_table, write_table
 from posteriors.experiments.training import train, train_map
@@ -42,7 +43,7 @@ def gp_prior_samples(kernel, grid, key, n):
     small; unlike a Cholesky it does not need a jitter for the numerically low-rank periodic Gram)."""
     w, V = jnp.linalg.eigh(kernel(grid))
     root = V * jnp.sqrt(jnp.clip(w, 0.0, None))[None, :]
-    return (root @ jax.random.normal(key, (grid.shape[0], n))).T
+    return (root @ flat_draw(jax.random.normal, key, (grid.shape[0], n))).T
 
 
 def regression(out, quick, log):

@@ -39,6 +39,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linops.runtime import flat_draw
+
 VOCAB = 256
 ADAPTERS = ("lora_a", "lora_b")
 """The adapters' leaf names (`lora_weights` selects every leaf of these names)."""
@@ -92,7 +94,8 @@ def _norm(p, h):
 
 
 def _dense_init(key, n_in, n_out, dtype):
-    return {"kernel": jax.random.normal(key, (n_in, n_out), dtype) / math.sqrt(n_in), "bias": jnp.zeros(n_out, dtype)}
+    kernel = flat_draw(jax.random.normal, key, (n_in, n_out), dtype) / math.sqrt(n_in)
+    return {"kernel": kernel, "bias": jnp.zeros(n_out, dtype)}
 
 
 def _norm_init(dim, dtype):
@@ -136,8 +139,8 @@ def gpt(key, *, size: str = "real", dim: int | None = None, depth: int | None = 
                        "out": _dense_init(ko, D, D, dtype), "norm2": _norm_init(D, dtype),
                        "mlp_in": _dense_init(k1, D, config.mlp_dim, dtype),
                        "mlp_out": _dense_init(k2, config.mlp_dim, D, dtype)})
-    params = {"embed": 0.02 * jax.random.normal(k_embed, (VOCAB, D), dtype),
-              "positions": 0.02 * jax.random.normal(k_pos, (config.context, D), dtype),
+    params = {"embed": 0.02 * flat_draw(jax.random.normal, k_embed, (VOCAB, D), dtype),
+              "positions": 0.02 * flat_draw(jax.random.normal, k_pos, (config.context, D), dtype),
               "blocks": blocks, "norm": _norm_init(D, dtype), "head": _dense_init(k_head, D, VOCAB, dtype)}
     return GPT(config), params
 
@@ -172,7 +175,7 @@ def add_lora(fn: GPT, params, key, *, rank: int = 8, alpha: float | None = None,
             n_in, n_out = layer["kernel"].shape
             dtype = layer["kernel"].dtype
             k = jax.random.fold_in(key, i * len(names) + j)
-            layer["lora_a"] = jax.random.normal(k, (n_in, rank), dtype) / math.sqrt(n_in)
+            layer["lora_a"] = flat_draw(jax.random.normal, k, (n_in, rank), dtype) / math.sqrt(n_in)
             layer["lora_b"] = jnp.zeros((rank, n_out), dtype)
             block[name] = layer
         blocks.append(block)

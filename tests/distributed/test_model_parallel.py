@@ -19,6 +19,7 @@ import posteriors as pst
 from linops.likelihoods import Categorical
 from linops.memory import MemoryBudgetError
 from linops.models import from_equinox, num_shards, ravel, shard
+from tests import _draws as draws
 
 from ..linops._util import assert_close
 
@@ -30,7 +31,7 @@ pytestmark = [
 
 def _problem():
     fn, params = from_equinox(eqx.nn.MLP(16, 8, 64, 2, activation=jnp.tanh, key=jax.random.key(0)))
-    X = jax.random.normal(jax.random.key(1), (40, 16))
+    X = draws.normal(jax.random.key(1), (40, 16))
     y = jax.random.randint(jax.random.key(2), (40,), 0, 8)
     return fn, params, X, y
 

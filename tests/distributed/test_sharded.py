@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import linops as lo
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import from_equinox, ravel
+from tests import _draws as draws
 from tests.posteriors._shared import axes
 
 from ..linops._util import assert_close
@@ -35,12 +36,12 @@ def _mesh(devices=None):
 
 def _problem(likelihood):
     fn, params = from_equinox(eqx.nn.MLP(3, 2, 6, 2, activation=jnp.tanh, key=jax.random.key(0)))
-    X = jax.random.normal(jax.random.key(1), (N, 3))
+    X = draws.normal(jax.random.key(1), (N, 3))
     if isinstance(likelihood, Categorical):
         y = jax.random.randint(jax.random.key(2), (N,), 0, 2)
     else:
-        y = jax.random.normal(jax.random.key(2), (N, 2))
-    v = jax.random.normal(jax.random.key(3), (ravel(params)[0].shape[0],))
+        y = draws.normal(jax.random.key(2), (N, 2))
+    v = draws.normal(jax.random.key(3), (ravel(params)[0].shape[0],))
     return fn, params, X, y, v
 
 
@@ -81,12 +82,12 @@ def test_jacobian_and_loss_jacobian_match_one_device():
     fn, params, X, y, v = _problem(Categorical())
     mesh = _mesh()
     J1, J8 = lo.JacobianOp(fn, params, X, batch_size=4), lo.JacobianOp(fn, params, X, batch_size=4, mesh=mesh)
-    u = jax.random.normal(jax.random.key(4), (J1.shape[0],))
+    u = draws.normal(jax.random.key(4), (J1.shape[0],))
     assert_close(J8 @ v, J1 @ v, rtol=1e-10)
     assert_close(J8.T @ u, J1.T @ u, rtol=1e-10)
     L1 = lo.LossJacobianOp(fn, params, X, y, Categorical(), batch_size=4)
     L8 = lo.LossJacobianOp(fn, params, X, y, Categorical(), batch_size=4, mesh=mesh)
-    w = jax.random.normal(jax.random.key(5), (N,))
+    w = draws.normal(jax.random.key(5), (N,))
     assert_close(L8 @ v, L1 @ v, rtol=1e-10)
     assert_close(L8.T @ w, L1.T @ w, rtol=1e-10)
     # the congruence built from sharded parts is the GGN, and is still tagged psd
@@ -156,11 +157,11 @@ def test_sample_parallel_projections_and_trace_probes_equal_one_device():
     J = lo.JacobianOp(fn, params, X[:20]).as_matrix()
     exact = lo.ProjectorOp.onto_null_space(J)
     many, one = post.sample(key, 19, mesh=mesh), post.sample(key, 19)
-    eps = jax.random.normal(key, (post.mean.shape[0], 19))
+    eps = draws.normal(key, (post.mean.shape[0], 19))
     assert_close(many, one, atol=1e-5)
     assert_close(many, post.mean[None, :] + (exact @ eps).T / jnp.sqrt(2.0), atol=1e-5)
     Pi = post.projection
-    V = jax.random.normal(jax.random.key(8), (Pi.shape[0], 16))
+    V = draws.normal(jax.random.key(8), (Pi.shape[0], 16))
     assert_close(lo.sharded_mm(Pi, V, mesh), exact @ V, atol=1e-5)
     one = lo.hutchinson(Pi, jax.random.key(9), 24)
     many = lo.hutchinson(Pi, jax.random.key(9), 24, mesh=mesh)
@@ -181,20 +182,20 @@ def test_kernel_gram_row_tiles_on_a_mesh_equal_one_device(devices, multi):
     kernel = RBF(lengthscale=0.7)
     if multi:
         kernel = Coregionalized(kernel, jnp.array([[1.0, 0.3], [0.3, 0.5]]))
-    X = jax.random.normal(jax.random.key(10), (N, 2))
-    X2 = jax.random.normal(jax.random.key(11), (17, 2))
+    X = draws.normal(jax.random.key(10), (N, 2))
+    X2 = draws.normal(jax.random.key(11), (17, 2))
     # block_size 4: 14 tiles, which 3 and 8 devices do not divide (padding tiles are computed, then dropped)
     for columns in (None, X2):
         one = KernelGramOp(kernel, X, columns, block_size=4)
         many = KernelGramOp(kernel, X, columns, block_size=4, mesh=mesh)
-        V = jax.random.normal(jax.random.key(12), (one.shape[1], 3))
-        U = jax.random.normal(jax.random.key(13), (one.shape[0], 3))
+        V = draws.normal(jax.random.key(12), (one.shape[1], 3))
+        U = draws.normal(jax.random.key(13), (one.shape[0], 3))
         assert_close(many.mm(V), one.mm(V), rtol=1e-10)
         assert_close(many.T.mm(U), one.T.mm(U), rtol=1e-10)
         assert_close(many.as_matrix(), one.as_matrix(), rtol=1e-10)
         assert_close(many.as_matrix(), kernel(X, columns) if columns is not None else kernel(X), rtol=1e-10)
     # reverse mode w.r.t. the kernel's hyperparameters through the sharded tiles
-    v = jax.random.normal(jax.random.key(14), (one.shape[0],))
+    v = draws.normal(jax.random.key(14), (one.shape[0],))
 
     def quad(k, mesh):
         return v @ (KernelGramOp(k, X, block_size=4, mesh=mesh) @ v)
@@ -258,7 +259,7 @@ def test_split_sweeps_converge_to_the_same_projection(devices):
     # the averaged sweep contracts less than the full product: more sweeps for the same tolerance
     assert int(r.sweeps) > int(one.sweeps)
     # the averaged symmetric sweep is symmetric, and fixes the kernel exactly
-    u = jax.random.normal(jax.random.key(20), v.shape)
+    u = draws.normal(jax.random.key(20), v.shape)
     assert_close(u @ split.symmetric_sweep(v), v @ split.symmetric_sweep(u), rtol=1e-10)
     assert_close(split.symmetric_sweep(exact @ v), exact @ v, atol=1e-10)
     # the plain method on split sweeps is the averaged product of each device's batches
@@ -295,11 +296,11 @@ def test_projected_posteriors_on_a_mesh_equal_one_device():
     for options in (dict(mesh=_mesh()), dict(mesh=_mesh(jax.devices()[:2]), split_sweeps=True)):
         post = pst.projected_posterior(fn, params, X, batch_size=4, prior_precision=2.0, **options)
         samples = post.sample(key, 6, mesh=options["mesh"])
-        eps = jax.random.normal(key, (post.mean.shape[0], 6))
+        eps = draws.normal(key, (post.mean.shape[0], 6))
         assert_close(samples, post.mean[None, :] + (exact @ eps).T / jnp.sqrt(2.0), atol=1e-5)
     one = pst.loss_projected_posterior(fn, params, (X, y), Gaussian(1.0), batch_size=4)
     many = pst.loss_projected_posterior(fn, params, (X, y), Gaussian(1.0), batch_size=4, mesh=_mesh())
-    V = jax.random.normal(jax.random.key(22), (one.mean.shape[0], 3))
+    V = draws.normal(jax.random.key(22), (one.mean.shape[0], 3))
     assert_close(many.covariance.mm(V), one.covariance.mm(V), atol=1e-6)
 
 
@@ -314,7 +315,7 @@ def test_subnetwork_and_fsp_laplace_on_a_mesh_equal_one_device():
                                   mesh=_mesh())
     assert_close(many.covariance.as_matrix(), one.covariance.as_matrix(), rtol=1e-8, atol=1e-12)
     fn, params, X, y, _ = _problem(Gaussian(0.5))
-    C = jax.random.normal(jax.random.key(23), (13, 3))  # 26 context outputs: 13 points over 8 devices
+    C = draws.normal(jax.random.key(23), (13, 3))  # 26 context outputs: 13 points over 8 devices
     options = dict(likelihood=Gaussian(0.5), rank=12, batch_size=4, context_batch_size=3)
     one = pst.fsp_laplace(fn, params, (X, y), RBF(), C, **options)
     many = pst.fsp_laplace(fn, params, (X, y), RBF(), C, mesh=_mesh(), **options)
@@ -334,7 +335,7 @@ def test_sample_parallel_projection_with_the_factors_left_in_place(devices):
     exact = _exact_projection(fn, params, X)
     Pi = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4, mesh=mesh)
     one = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4)
-    V = jax.random.normal(jax.random.key(30), (Pi.shape[0], 19))  # 19 columns: an uneven split, remainder too
+    V = draws.normal(jax.random.key(30), (Pi.shape[0], 19))  # 19 columns: an uneven split, remainder too
     r = Pi.project_samples(V)
     for out in (r.value, Pi @ V, jax.jit(lambda A, V: A @ V)(Pi, V)):
         assert_close(out, exact @ V, atol=1e-5)
@@ -351,7 +352,7 @@ def test_sample_parallel_projection_with_the_factors_left_in_place(devices):
     assert_close(Pi.project_samples(K).value, K, atol=1e-8)
     post = pst.projected_posterior(fn, params, X, batch_size=4, prior_precision=2.0, mesh=mesh)
     key = jax.random.key(31)
-    eps = jax.random.normal(key, (post.mean.shape[0], 16))
+    eps = draws.normal(key, (post.mean.shape[0], 16))
     assert_close(post.sample(key, 16), post.mean[None, :] + (exact @ eps).T / jnp.sqrt(2.0), atol=1e-5)
     with pytest.raises(ValueError, match="already runs on a mesh of its own"):
         lo.sharded_mm(Pi, V, mesh)

@@ -9,6 +9,7 @@ import linops as lo
 from linops.likelihoods import Gaussian
 from linops.models import ravel
 from linops.testing import assert_projector, assert_symmetric
+from tests import _draws as draws
 
 from ._util import assert_close, equations
 
@@ -64,7 +65,7 @@ def test_accelerated_projection_stays_converged_when_given_more_sweeps():
 def test_lemma_3_1_zero_training_variance_including_the_short_last_batch():
     params, X, J, null, _ = _setup(2, 8)  # batches of 3, 3 and 2
     A = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=3, rtol=1e-12)
-    eps = jax.random.normal(jax.random.key(0), (J.shape[1], 5), jnp.float64)
+    eps = draws.normal(jax.random.key(0), (J.shape[1], 5), jnp.float64)
     samples = A @ eps  # several samples at once
     assert_close(J @ np.asarray(samples), np.zeros((J.shape[0], 5)), atol=1e-9)
     assert np.abs(J[-6:] @ np.asarray(samples)).max() < 1e-9  # the two examples of the last batch
@@ -412,7 +413,7 @@ def test_float32_cg_keeps_its_best_iterate_when_the_tolerance_is_out_of_reach():
 def test_rows_near_the_number_of_parameters_warn_that_the_kernel_is_small():
     import warnings
 
-    M = jax.random.normal(jax.random.key(0), (6, 10))
+    M = draws.normal(jax.random.key(0), (6, 10))
     with pytest.warns(UserWarning, match=r"6 rows for 10 parameters \(60%\): the kernel is small"):
         lo.AlternatingProjectionOp.from_matrix(M, batch_size=3)
     with warnings.catch_warnings():

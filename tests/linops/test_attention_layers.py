@@ -18,6 +18,7 @@ import posteriors as pst
 from linops.likelihoods import Gaussian
 from linops.models import from_equinox, from_flax_nnx
 from posteriors.predictive import _row_values
+from tests import _draws as draws
 
 from ._util import assert_close
 
@@ -26,7 +27,7 @@ from ._util import assert_close
 def test_kfac_of_a_kernel_of_three_axes_is_exact_for_a_linear_gaussian_model(layout):
     """``(in, heads, dim)`` contracted over its first axis, or ``(heads, dim, in)`` over its last, with a bias of
     shape ``(heads, dim)``: the Jacobian is ``I (x) [x; 1]``, so KFAC's factors reproduce the GGN exactly."""
-    X = jax.random.normal(jax.random.key(0), (20, 3), jnp.float64)
+    X = draws.normal(jax.random.key(0), (20, 3), jnp.float64)
     Y = jnp.zeros((20, 8))
     if layout == "in-first":
         params = {"W": jnp.zeros((3, 2, 4)), "b": jnp.zeros((2, 4))}
@@ -83,8 +84,8 @@ def _model(framework):
 @pytest.mark.parametrize("framework", [pytest.param("flax", marks=pytest.mark.slow), "equinox"])  # flax: 6 s
 def test_multi_head_attention_gets_kronecker_factors_and_exact_per_layer_rules(framework):
     fn, params = _model(framework)
-    X = jax.random.normal(jax.random.key(1), (6, 5, 4), jnp.float64)  # 6 sequences of 5 tokens
-    Y = jax.random.normal(jax.random.key(2), (6, 3), jnp.float64)
+    X = draws.normal(jax.random.key(1), (6, 5, 4), jnp.float64)  # 6 sequences of 5 tokens
+    Y = draws.normal(jax.random.key(2), (6, 3), jnp.float64)
     lik = Gaussian(0.7)
     layers = lo.nn.find_layers(fn, params, X[0])
     leaves = jax.tree_util.tree_leaves(params)
@@ -115,8 +116,8 @@ def test_a_kernel_kfac_cannot_factor_is_named_in_a_warning():
         return p["V"] @ h
 
     k = jax.random.split(jax.random.key(3), 2)
-    params = {"V": jax.random.normal(k[0], (2, 3)), "W": jax.random.normal(k[1], (4, 3)), "scale": jnp.ones(3)}
-    X, Y = jax.random.normal(jax.random.key(4), (5, 3)), jnp.zeros((5, 2))
+    params = {"V": draws.normal(k[0], (2, 3)), "W": draws.normal(k[1], (4, 3)), "scale": jnp.ones(3)}
+    X, Y = draws.normal(jax.random.key(4), (5, 3)), jnp.zeros((5, 2))
     with pytest.warns(UserWarning, match=r"kfac: 1 kernel\(s\) .* get their exact GGN diagonal .*\['W'\] \(4, 3\)\."):
         K = lo.kfac(fn, params, X, Y, Gaussian(1.0), other_diagonal=True)
     assert K.weight_leaves == (0,) and K.other_leaves == (1, 2)

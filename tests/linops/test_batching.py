@@ -8,6 +8,7 @@ import pytest
 
 from linops.runtime import batched_map, batched_sum
 from linops.testing import count_compilations
+from tests import _draws as draws
 from tests.linops._util import assert_close
 
 
@@ -20,7 +21,7 @@ def _per_example(x):
 def test_batched_map_maps_every_example_once_with_one_batch_shape(n, batch):
     """The last batch overlaps the one before it (its repeated rows dropped): the result is the plain map,
     row for row, and the body is traced once, for one batch shape."""
-    X = jax.random.normal(jax.random.key(n), (n, 3))
+    X = draws.normal(jax.random.key(n), (n, 3))
     shapes = []
 
     def body(x):
@@ -46,7 +47,7 @@ def test_batched_sum_takes_a_batch_size_that_divides_the_examples_where_one_does
     """N = 1,000 in batches of 128 runs as 8 batches of 125: one shape, the body traced once; where no size of at
     least half the asked one divides N (1,009 is prime), the short last batch is summed on its own. The sum is the
     same either way."""
-    X = jax.random.normal(jax.random.key(1), (n, 3))
+    X = draws.normal(jax.random.key(1), (n, 3))
     shapes = []
 
     def body(x):

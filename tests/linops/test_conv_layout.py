@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from linops.runtime import canonical_convolutions
+from tests import _draws as draws
 
 CASES = [  # (input shape, kernel shape, strides, padding, lhs dilation, rhs dilation, dimension numbers, groups)
     ((2, 6, 9, 8), (8, 3, 3, 2), (2, 1), ((1, 2), (0, 1)), (1, 1), (2, 1), ("NCHW", "OIHW", "NCHW"), 2),
@@ -29,9 +30,9 @@ def _conv(case):
 
 def _inputs(case, dtype=jnp.float64):
     k = jax.random.split(jax.random.key(0), 3)
-    x = jax.random.normal(k[0], case[0], dtype)
-    w = jax.random.normal(k[1], case[1], dtype)
-    g = jax.random.normal(k[2], jax.eval_shape(_conv(case), x, w).shape, dtype)
+    x = draws.normal(k[0], case[0], dtype)
+    w = draws.normal(k[1], case[1], dtype)
+    g = draws.normal(k[2], jax.eval_shape(_conv(case), x, w).shape, dtype)
     return x, w, g
 
 

@@ -17,6 +17,7 @@ from linops.likelihoods import (
     MonteCarloFisher,
 )
 from linops.models import from_equinox, ravel
+from tests import _draws as draws
 
 from ._util import assert_close
 
@@ -24,7 +25,7 @@ from ._util import assert_close
 def _mlp(outputs=3):
     model = eqx.nn.MLP(3, outputs, 5, 1, activation=jnp.tanh, key=jax.random.key(0), dtype=jnp.float64)
     fn, params = from_equinox(model)
-    X = jax.random.normal(jax.random.key(1), (11, 3), jnp.float64)
+    X = draws.normal(jax.random.key(1), (11, 3), jnp.float64)
     return fn, params, X
 
 
@@ -33,13 +34,13 @@ def _cnn():
                                eqx.nn.Lambda(jnp.tanh), eqx.nn.Lambda(jnp.ravel),
                                eqx.nn.Linear(2 * 3 * 3, 3, key=jax.random.key(1), dtype=jnp.float64)])
     fn, params = from_equinox(model)
-    X = jax.random.normal(jax.random.key(2), (7, 1, 5, 5), jnp.float64)
+    X = draws.normal(jax.random.key(2), (7, 1, 5, 5), jnp.float64)
     return fn, params, X
 
 
 _TARGETS = {
     "categorical": (Categorical(), lambda n, o: jnp.arange(n) % o),
-    "gaussian": (Gaussian(0.7), lambda n, o: jax.random.normal(jax.random.key(5), (n, o), jnp.float64)),
+    "gaussian": (Gaussian(0.7), lambda n, o: draws.normal(jax.random.key(5), (n, o), jnp.float64)),
     "bernoulli": (Bernoulli(), lambda n, o: (jnp.arange(n * o).reshape(n, o) % 2).astype(jnp.float64)),
 }
 
@@ -74,7 +75,7 @@ def test_empirical_fisher_is_the_outer_product_of_the_per_example_gradients(name
     G = lo.GGNOp(fn, params, X, Y, EmpiricalFisher(lik), batch_size=4)  # batches 4 + 4 + 3 (+ 0)
     assert_close(G.as_matrix(), EF, rtol=1e-10)
     assert_close(lo.diag(G), jnp.diag(EF), rtol=1e-10)  # the per-layer rules (dense, convolution)
-    v = jax.random.normal(jax.random.key(3), (EF.shape[0],), jnp.float64)
+    v = draws.normal(jax.random.key(3), (EF.shape[0],), jnp.float64)
     assert_close(G @ v, EF @ v, rtol=1e-10)
 
 
@@ -88,7 +89,7 @@ def test_monte_carlo_fisher_is_the_average_outer_product_at_the_drawn_targets(na
     G = lo.GGNOp(fn, params, X, T, mc, batch_size=3)
     assert_close(G.as_matrix(), F, rtol=1e-10)
     assert_close(lo.diag(G), jnp.diag(F), rtol=1e-10)
-    v = jax.random.normal(jax.random.key(3), (F.shape[0],), jnp.float64)
+    v = draws.normal(jax.random.key(3), (F.shape[0],), jnp.float64)
     assert_close(G @ v, F @ v, rtol=1e-10)
     # the draws belong to the examples, not to the batches: another batch size gives the same matrix
     assert_close(lo.GGNOp(fn, params, X, T, mc, batch_size=5).as_matrix(), F, rtol=1e-10)
@@ -115,7 +116,7 @@ def test_kfac_of_the_fishers_has_the_factors_of_their_output_gradients():
     being the empirical gradient or the drawn ones (by hand)."""
     model = eqx.nn.Linear(4, 3, key=jax.random.key(0), dtype=jnp.float64)
     fn, params = from_equinox(model)
-    X = jax.random.normal(jax.random.key(1), (9, 4), jnp.float64)
+    X = draws.normal(jax.random.key(1), (9, 4), jnp.float64)
     Y = jnp.arange(9) % 3
     out = jax.vmap(fn, in_axes=(None, 0))(params, X)
     r = jax.vmap(Categorical().grad)(out, Y)
@@ -149,13 +150,13 @@ def test_hessian_op_is_the_hessian_of_the_summed_loss():
     fn, params, X = _mlp()
     sigma = 0.5 + jnp.arange(11.0) / 10  # a per-example likelihood travels with its batches
     lik = Gaussian(sigma, heteroscedastic=True)
-    Y = jax.random.normal(jax.random.key(5), (11, 3), jnp.float64)
+    Y = draws.normal(jax.random.key(5), (11, 3), jnp.float64)
     flat, unravel = ravel(params)
     total = lambda th: jnp.sum(jax.vmap(lambda x, y, s: Gaussian(s).nll(fn(unravel(th), x), y))(X, Y, sigma))  # noqa: E731
     H = jax.hessian(total)(flat)
     op = lo.HessianOp(fn, params, X, Y, lik, batch_size=4)
     assert_close(op.as_matrix(), H, rtol=1e-10)
-    V = jax.random.normal(jax.random.key(3), (H.shape[0], 2), jnp.float64)
+    V = draws.normal(jax.random.key(3), (H.shape[0], 2), jnp.float64)
     assert_close(op @ V, H @ V, rtol=1e-10)
     assert_close(lo.diag(op, method="exact"), jnp.diag(H), rtol=1e-10)
     assert "psd" not in op.tags and "symmetric" in op.tags
@@ -168,7 +169,7 @@ def test_hessian_of_a_linear_model_with_a_canonical_link_is_the_ggn():
     """Logistic regression: the network is linear, so H = GGN exactly (an identity, not a tolerance)."""
     model = eqx.nn.Linear(4, 3, key=jax.random.key(0), dtype=jnp.float64)
     fn, params = from_equinox(model)
-    X = jax.random.normal(jax.random.key(1), (9, 4), jnp.float64)
+    X = draws.normal(jax.random.key(1), (9, 4), jnp.float64)
     Y = jnp.arange(9) % 3
     assert_close(lo.HessianOp(fn, params, X, Y, Categorical()).as_matrix(),
                  lo.GGNOp(fn, params, X, Y, Categorical()).as_matrix(), rtol=1e-12)
@@ -196,7 +197,7 @@ def test_factor_rows_size_the_blocks():
     blocks sized by them)."""
     model = eqx.nn.Linear(3, 1000, key=jax.random.key(0), dtype=jnp.float64)
     fn, params = from_equinox(model)
-    X = jax.random.normal(jax.random.key(1), (5, 3), jnp.float64)
+    X = draws.normal(jax.random.key(1), (5, 3), jnp.float64)
     Y = jnp.arange(5)
     assert EmpiricalFisher(Categorical()).factor_rows(1000) == 1
     assert MonteCarloFisher(Categorical(), 4).factor_rows(1000) == 4
@@ -232,7 +233,7 @@ def test_ggn_rows_stack_the_factor_rows_and_give_the_ggn():
     batch; the empirical Fisher's single row per example is its loss gradient)."""
     fn, params, X = _mlp()
     lik = Gaussian(0.5 + jnp.arange(11.0) / 10, heteroscedastic=True)
-    Y = jax.random.normal(jax.random.key(5), (11, 3), jnp.float64)
+    Y = draws.normal(jax.random.key(5), (11, 3), jnp.float64)
     G = lo.GGNOp(fn, params, X, Y, lik, batch_size=4)
     R = G.rows()
     assert R.shape == (33, G.shape[0])

@@ -8,6 +8,7 @@ from hypothesis import given
 
 import linops as lo
 from linops.testing import strategies as lst
+from tests import _draws as draws
 
 from ._util import assert_close
 
@@ -158,12 +159,12 @@ def test_cg_reports_breakdown_on_an_indefinite_operator_declared_psd():
 def test_cg_in_float32_at_n_1e5(scale):
     """lineax's CG stalls or diverges on this problem in float32; the normalised CG converges."""
     n, k = 100_000, 20
-    U = jnp.linalg.qr(jax.random.normal(jax.random.key(0), (n, k), jnp.float32))[0]
+    U = jnp.linalg.qr(draws.normal(jax.random.key(0), (n, k), jnp.float32))[0]
     d = jnp.logspace(0, 4, k, dtype=jnp.float32)
     D = jnp.linspace(1.0, 10.0, n, dtype=jnp.float32)
     structured = scale * (lo.Diagonal(D) + lo.LowRank(U, d))
     matrix_free = lo.FunctionOp(lambda v: structured @ v, (n, n), jnp.float32, tags={"psd"})
-    b = jax.random.normal(jax.random.key(1), (n,), jnp.float32)
+    b = draws.normal(jax.random.key(1), (n,), jnp.float32)
     exact = lo.solve(structured, b).value  # Woodbury closed form
     exact64 = scale * (lo.Diagonal(D.astype(jnp.float64)) + lo.LowRank(U.astype(jnp.float64), d.astype(jnp.float64)))
     for rtol in (1e-4, 1e-5):

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import linops as lo
 from linops import kernels as K
 from linops.testing import assert_symmetric
+from tests import _draws as draws
 
 from ._util import assert_close
 
@@ -206,7 +207,7 @@ def test_gram_product_gradients_do_not_keep_every_tile():
     84 MB and 1.3 GB without the checkpoint)."""
 
     def grad_temp_bytes(n):
-        X = jax.random.normal(jax.random.key(0), (n, 2), jnp.float32)
+        X = draws.normal(jax.random.key(0), (n, 2), jnp.float32)
         loss = lambda ell: jnp.sum(K.KernelGramOp(K.RBF(ell), X, block_size=100) @ jnp.ones(n, jnp.float32))  # noqa: E731
         return jax.jit(jax.grad(loss)).lower(jnp.float32(1.0)).compile().memory_analysis().temp_size_in_bytes
 

@@ -9,6 +9,7 @@ import pytest
 import linops as lo
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import from_equinox
+from tests import _draws as draws
 
 from ._util import assert_close
 
@@ -44,7 +45,7 @@ def _manual_factors(params, X, y, likelihood):
 def test_factors_of_an_mlp_match_the_per_example_computation_with_a_short_last_batch():
     model = eqx.nn.MLP(3, 4, 5, 2, activation=jnp.tanh, key=jax.random.key(0), dtype=jnp.float64)
     fn, params = from_equinox(model)
-    X = jax.random.normal(jax.random.key(1), (13, 3), jnp.float64)
+    X = draws.normal(jax.random.key(1), (13, 3), jnp.float64)
     y = jnp.arange(13) % 4
     K = lo.kfac(fn, params, X, y, Categorical(), batch_size=5)  # batches 5 + 5 + 3
     assert K.weight_leaves == (0, 2, 4) and K.bias_leaves == (1, 3, 5) and K.other_leaves == ()
@@ -59,7 +60,7 @@ def test_factors_of_an_mlp_match_the_per_example_computation_with_a_short_last_b
 
 
 def test_kfac_is_exact_for_a_linear_gaussian_model_in_either_weight_layout():
-    X = jax.random.normal(jax.random.key(2), (20, 3), jnp.float64)
+    X = draws.normal(jax.random.key(2), (20, 3), jnp.float64)
     Y = jnp.zeros((20, 2))
     for fn, W in ((lambda p, x: p["W"] @ x, jnp.zeros((2, 3))), (lambda p, x: x @ p["W"], jnp.zeros((3, 2)))):
         K = lo.kfac(fn, {"W": W}, X, Y, Gaussian(0.5))
@@ -112,7 +113,7 @@ def _conv_model(groups):
 def test_conv_factors_match_their_definition_from_explicit_patches(groups, approximation):
     fn, params = _conv_model(groups)
     conv, head = params
-    X = jax.random.normal(jax.random.key(2), (5, 4, 7, 7), jnp.float64)
+    X = draws.normal(jax.random.key(2), (5, 4, 7, 7), jnp.float64)
     y = jnp.arange(5) % 3
     K = lo.kfac(fn, params, X, y, Categorical(), approximation=approximation, batch_size=2)
     assert K.kinds == ("conv", "dense") and K.positions == (28, 1) and K.other_leaves == ()
@@ -157,12 +158,12 @@ def _token_model(pooled, weight_first=True):
         s = jax.vmap(lambda t: p["W"] @ t + p["b"])(x) if weight_first else x @ p["W"] + p["b"][None]
         return s.mean(0) if pooled else s.reshape(-1)
     shape = (2, 3) if weight_first else (3, 2)
-    return fn, {"W": jax.random.normal(jax.random.key(3), shape, jnp.float64), "b": jnp.ones(2, jnp.float64)}
+    return fn, {"W": draws.normal(jax.random.key(3), shape, jnp.float64), "b": jnp.ones(2, jnp.float64)}
 
 
 @pytest.mark.parametrize("weight_first", [True, False])
 def test_expand_is_exact_per_token_and_reduce_exact_when_pooled_for_a_linear_gaussian_model(weight_first):
-    X = jax.random.normal(jax.random.key(4), (6, 5, 3), jnp.float64)
+    X = draws.normal(jax.random.key(4), (6, 5, 3), jnp.float64)
     for pooled, exact, other in ((False, "expand", "reduce"), (True, "reduce", "expand")):
         fn, p = _token_model(pooled, weight_first)
         Y = jnp.zeros((6, 2 if pooled else 10))
@@ -177,8 +178,8 @@ def test_expand_is_exact_per_token_and_reduce_exact_when_pooled_for_a_linear_gau
 
 
 def test_a_one_by_one_convolution_on_one_pixel_images_is_the_dense_layers_kfac():
-    W = jax.random.normal(jax.random.key(5), (3, 4), jnp.float64)
-    X = jax.random.normal(jax.random.key(6), (7, 4), jnp.float64)
+    W = draws.normal(jax.random.key(5), (3, 4), jnp.float64)
+    X = draws.normal(jax.random.key(6), (7, 4), jnp.float64)
     y = jnp.arange(7) % 3
     conv = lambda p, x: jax.lax.conv_general_dilated(  # noqa: E731
         x.reshape(1, 4, 1, 1), p["W"].reshape(3, 4, 1, 1), (1, 1), "SAME").reshape(-1)
@@ -193,13 +194,13 @@ def test_a_one_by_one_convolution_on_one_pixel_images_is_the_dense_layers_kfac()
 
 def test_an_hwio_kernel_puts_the_output_factor_second_in_its_row_major_order():
     """Flax's layout: kernel (kh, kw, in, out), NHWC. Per-pixel outputs of a linear conv: expand is exact."""
-    kernel = jax.random.normal(jax.random.key(7), (2, 3, 2, 4), jnp.float64)
+    kernel = draws.normal(jax.random.key(7), (2, 3, 2, 4), jnp.float64)
 
     def fn(p, x):  # x: (H, W, C)
         z = jax.lax.conv_general_dilated(x[None], p["k"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
         return z.reshape(-1)
 
-    X = jax.random.normal(jax.random.key(8), (4, 3, 3, 2), jnp.float64)
+    X = draws.normal(jax.random.key(8), (4, 3, 3, 2), jnp.float64)
     Y = jnp.zeros((4, 36))
     K = lo.kfac(fn, {"k": kernel}, X, Y, Gaussian(0.7))
     first, second = K.factors[0]
@@ -219,7 +220,7 @@ class _NormThenTokens(eqx.Module):
 def test_parameters_of_no_recognised_layer_are_listed_not_dropped():
     fn, params = from_equinox(_NormThenTokens(eqx.nn.LayerNorm((5, 3), dtype=jnp.float64),
                                               eqx.nn.Linear(3, 2, key=jax.random.key(9), dtype=jnp.float64)))
-    X = jax.random.normal(jax.random.key(10), (3, 5, 3), jnp.float64)
+    X = draws.normal(jax.random.key(10), (3, 5, 3), jnp.float64)
     K = lo.kfac(fn, params, X, jnp.zeros((3, 10)), Gaussian(1.0))
     leaves = jax.tree_util.tree_leaves(params)
     assert sorted(leaves[i].shape for i in K.other_leaves) == [(5, 3), (5, 3)]  # the norm's scale and shift
@@ -259,7 +260,7 @@ def test_other_diagonal_is_the_exact_ggn_diagonal_of_the_leaves_in_no_layer(batc
     pass itself (a categorical likelihood: K rows per example; a short last batch with ``batch_size=2``)."""
     fn, params = from_equinox(_NormThenTokens(eqx.nn.LayerNorm((5, 3), dtype=jnp.float64),
                                               eqx.nn.Linear(3, 2, key=jax.random.key(9), dtype=jnp.float64)))
-    X = jax.random.normal(jax.random.key(10), (3, 5, 3), jnp.float64)
+    X = draws.normal(jax.random.key(10), (3, 5, 3), jnp.float64)
     params = eqx.tree_at(lambda m: (m.norm.weight, m.norm.bias), params,
                          (1.0 + 0.3 * X[0], 0.2 * X[1]))  # not the initial ones and zeros
     y = jnp.array([1, 4, 9])
@@ -279,7 +280,7 @@ def test_per_example_sums_come_from_the_factors_pass():
     computes it, and the factors are unchanged; without it, None."""
     model = eqx.nn.MLP(3, 4, 5, 2, activation=jnp.tanh, key=jax.random.key(0), dtype=jnp.float64)
     fn, params = from_equinox(model)
-    X = jax.random.normal(jax.random.key(1), (13, 3), jnp.float64)
+    X = draws.normal(jax.random.key(1), (13, 3), jnp.float64)
     y = jnp.arange(13) % 4
     K = lo.kfac(fn, params, X, y, Categorical(), batch_size=5,
                 per_example=lambda f, t, _: (Categorical().nll(f, t), f))

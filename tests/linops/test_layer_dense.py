@@ -16,6 +16,7 @@ from linops.likelihoods import Categorical, Gaussian
 from linops.models import from_equinox, ravel
 from linops.nn import _layer_dense, _operators
 from linops.nn._layer_diag import layer_plan
+from tests import _draws as draws
 
 from ._util import assert_close
 
@@ -42,13 +43,13 @@ def _transposed(p, x):
 def _cases():
     fn, params = from_equinox(eqx.nn.MLP(5, 4, 6, 2, key=jax.random.key(0), dtype=jnp.float64,
                                          activation=jnp.tanh))
-    X = jax.random.normal(jax.random.key(1), (13, 5), jnp.float64)
+    X = draws.normal(jax.random.key(1), (13, 5), jnp.float64)
     yield "mlp-categorical", fn, params, X, jnp.arange(13) % 4, Categorical()
     k = jax.random.split(jax.random.key(2), 5)
-    p = {"a_w": jax.random.normal(k[0], (5, 6), jnp.float64), "0_b": 0.1 * jax.random.normal(k[1], (6,), jnp.float64),
-         "b_w": jax.random.normal(k[2], (6, 3), jnp.float64) / 2, "c_w": jax.random.normal(k[3], (2, 3), jnp.float64),
+    p = {"a_w": draws.normal(k[0], (5, 6), jnp.float64), "0_b": 0.1 * draws.normal(k[1], (6,), jnp.float64),
+         "b_w": draws.normal(k[2], (6, 3), jnp.float64) / 2, "c_w": draws.normal(k[3], (2, 3), jnp.float64),
          "c_b": jnp.array([0.3, -0.2], jnp.float64)}
-    Y = jax.random.normal(k[4], (13, 2), jnp.float64)
+    Y = draws.normal(k[4], (13, 2), jnp.float64)
     sigma = jnp.linspace(0.5, 1.5, 13 * 2).reshape(13, 2)
     yield "transposed-heteroscedastic", _transposed, p, X, Y, Gaussian(sigma, heteroscedastic=True)
 
@@ -86,6 +87,6 @@ def test_models_with_parameters_outside_dense_layers_take_the_rows_path():
 
     p = {"mlp": params, "s": jnp.array([1.0, 2.0], jnp.float64)}
     assert not _layer_dense.dense_only(layer_plan(scaled, p, jnp.ones(3)))
-    X = jax.random.normal(jax.random.key(1), (5, 3), jnp.float64)
+    X = draws.normal(jax.random.key(1), (5, 3), jnp.float64)
     assert_close(lo.GGNOp(scaled, p, X, jnp.arange(5) % 2, Categorical()).as_matrix(),
                  _reference(scaled, p, X, jnp.arange(5) % 2, Categorical()), rtol=1e-10)

@@ -18,6 +18,7 @@ import linops as lo
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import from_equinox
 from linops.nn import _layer_diag
+from tests import _draws as draws
 
 from ._util import assert_close
 
@@ -79,22 +80,22 @@ def _hwio_tokens(p, x):
 
 def _hwio_params(key):
     k = jax.random.split(key, 4)
-    return {"k": jax.random.normal(k[0], (3, 3, 2, 3), jnp.float64), "b": jnp.full(3, 0.1, jnp.float64),
-            "W": jax.random.normal(k[1], (4, 3), jnp.float64), "S": jax.random.normal(k[2], (4, 4), jnp.float64) / 2,
-            "V": jax.random.normal(k[3], (2, 4), jnp.float64), "c": jnp.zeros(2, jnp.float64)}
+    return {"k": draws.normal(k[0], (3, 3, 2, 3), jnp.float64), "b": jnp.full(3, 0.1, jnp.float64),
+            "W": draws.normal(k[1], (4, 3), jnp.float64), "S": draws.normal(k[2], (4, 4), jnp.float64) / 2,
+            "V": draws.normal(k[3], (2, 4), jnp.float64), "c": jnp.zeros(2, jnp.float64)}
 
 
 def _cases():
     key = jax.random.key(0)
     for groups in (1, 2):
         fn, params = from_equinox(_f64(_CNN(groups, jax.random.key(groups))))
-        X = jax.random.normal(key, (7, 2, 8, 6), jnp.float64)
+        X = draws.normal(key, (7, 2, 8, 6), jnp.float64)
         yield f"cnn-groups{groups}", fn, params, X, jnp.arange(7) % 3, Categorical()
     fn, params = from_equinox(_f64(_PooledCNN(jax.random.key(3))))
-    X = jax.random.normal(key, (7, 1, 9, 7), jnp.float64).at[:, :, :5, :4].set(0.0)
+    X = draws.normal(key, (7, 1, 9, 7), jnp.float64).at[:, :, :5, :4].set(0.0)
     yield "cnn-pool-ties", fn, params, X, jnp.arange(7) % 3, Categorical()
-    X = jax.random.normal(key, (6, 5, 5, 2), jnp.float64)
-    Y = jax.random.normal(jax.random.key(1), (6, 2), jnp.float64)
+    X = draws.normal(key, (6, 5, 5, 2), jnp.float64)
+    Y = draws.normal(jax.random.key(1), (6, 2), jnp.float64)
     yield "hwio-tokens", _hwio_tokens, _hwio_params(key), X, Y, Gaussian(0.5)
     sigma = jnp.linspace(0.5, 1.5, 6 * 2).reshape(6, 2)
     yield "hwio-tokens-heteroscedastic", _hwio_tokens, _hwio_params(key), X, Y, Gaussian(sigma, heteroscedastic=True)
@@ -140,7 +141,7 @@ def test_the_layers_found_are_those_the_rules_use():
 def test_a_model_without_a_layer_takes_the_general_path():
     fn = lambda p, x: jnp.tanh(p["a"] * x + p["b"])  # noqa: E731 - elementwise parameters only
     params = {"a": jnp.linspace(0.5, 1.5, 3, dtype=jnp.float64), "b": jnp.ones(3, jnp.float64)}
-    X = jax.random.normal(jax.random.key(0), (5, 3), jnp.float64)
+    X = draws.normal(jax.random.key(0), (5, 3), jnp.float64)
     G = lo.GGNOp(fn, params, X, X, Gaussian(1.0))
     assert _layer_diag.layer_plan(fn, params, X[0]) is None
     assert_close(lo.diag(G), np.diag(np.asarray(G.as_matrix())), rtol=1e-12)
@@ -152,18 +153,18 @@ def test_first_max_pool_is_xla_max_pool_with_its_derivative():
     the first in row-major order), a -inf, and a remainder that pooling drops."""
     from linops.nn.layers import first_max_pool
 
-    x = jax.random.normal(jax.random.key(0), (3, 7, 9), jnp.float64)
+    x = draws.normal(jax.random.key(0), (3, 7, 9), jnp.float64)
     x = x.at[0, :4, :4].set(2.0).at[1, 1, 1].set(-jnp.inf).at[2, 2:4, 2:4].set(jnp.array([[1.0, 3.0], [3.0, 3.0]]))
     reference = lambda x: jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 3), (1, 2, 3), "VALID")  # noqa: E731
     ours = lambda x: first_max_pool(x, (1, 2, 3))  # noqa: E731
     y, vjp = jax.vjp(reference, x)
     assert y.shape == (3, 3, 3)
     assert_close(ours(x), y, rtol=0)
-    g = jax.random.normal(jax.random.key(1), y.shape, jnp.float64)
+    g = draws.normal(jax.random.key(1), y.shape, jnp.float64)
     expected = vjp(g)[0]
     assert_close(jax.vjp(ours, x)[1](g)[0], expected, rtol=0)
     assert int(jnp.sum(expected[0, :4, :6] != 0)) == 4, "one position per tied window receives the derivative"
-    t = jax.random.normal(jax.random.key(2), x.shape, jnp.float64)
+    t = draws.normal(jax.random.key(2), x.shape, jnp.float64)
     assert_close(jax.jvp(ours, (x,), (t,))[1], jax.jvp(reference, (x,), (t,))[1], rtol=0)
 
 
@@ -193,7 +194,7 @@ def test_conv_patches_are_jax_patches(spec, shape, filter_shape, strides, paddin
     too), input and kernel dilation; and its reverse derivative."""
     from linops.nn.layers import conv_patches
 
-    x = jax.random.normal(jax.random.key(0), shape, jnp.float64)
+    x = draws.normal(jax.random.key(0), shape, jnp.float64)
     rhs_shape = tuple(1 if c in "OI" else filter_shape["HW".index(c)] for c in spec[1])
     dn = jax.lax.conv_dimension_numbers(shape, rhs_shape, spec)
 
@@ -206,7 +207,7 @@ def test_conv_patches_are_jax_patches(spec, shape, filter_shape, strides, paddin
 
     expected, vjp = jax.vjp(reference, x)
     assert_close(ours(x), expected, rtol=0)
-    g = jax.random.normal(jax.random.key(1), expected.shape, jnp.float64)
+    g = draws.normal(jax.random.key(1), expected.shape, jnp.float64)
     assert_close(jax.vjp(ours, x)[1](g)[0], vjp(g)[0], rtol=1e-12)
 
 

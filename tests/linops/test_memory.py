@@ -9,6 +9,7 @@ import linops as lo
 from linops.likelihoods import Categorical
 from linops.memory import MemoryBudgetError, check_fits, dense_bytes, format_bytes, program_bytes
 from linops.models import from_equinox
+from tests import _draws as draws
 
 
 def test_dense_requests_that_cannot_fit_are_refused_before_any_work():
@@ -30,7 +31,7 @@ def test_dense_requests_that_cannot_fit_are_refused_before_any_work():
 def test_a_wide_operator_as_matrix_allocates_nothing_larger_than_its_matrix():
     """A 10 x 118k Jacobian's matrix is 9 MB; reading it through 118k columns of an identity allocated 56 GB."""
     m, n = 4, 50_000
-    W = jax.random.normal(jax.random.key(0), (m, n), jnp.float32)
+    W = draws.normal(jax.random.key(0), (m, n), jnp.float32)
     J = lo.FunctionOp(lambda v: W @ v, (m, n), jnp.float32)  # its transpose comes from a VJP
     jaxpr = jax.make_jaxpr(J.as_matrix)()
     sizes = [v.aval.size for eqn in jaxpr.jaxpr.eqns for v in eqn.outvars]
@@ -51,7 +52,7 @@ def test_check_fits_and_format_bytes():
 def test_program_bytes_of_a_ggn_product_grow_with_the_batch_not_the_data():
     model = eqx.nn.MLP(20, 5, 32, 1, activation=jnp.tanh, key=jax.random.key(0))
     fn, params = from_equinox(model)
-    X = jax.random.normal(jax.random.key(1), (256, 20))
+    X = draws.normal(jax.random.key(1), (256, 20))
     y = jax.random.randint(jax.random.key(2), (256,), 0, 5)
     small = program_bytes(lo.GGNOp(fn, params, X, y, Categorical(), batch_size=8))
     large = program_bytes(lo.GGNOp(fn, params, X, y, Categorical(), batch_size=256))

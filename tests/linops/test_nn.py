@@ -9,6 +9,7 @@ import pytest
 import linops as lo
 from linops.likelihoods import Bernoulli, Categorical, Gaussian
 from linops.models import from_equinox, per_example, ravel
+from tests import _draws as draws
 
 from ._util import assert_close
 
@@ -240,11 +241,11 @@ def test_float32_ggn_at_p_1e5_has_no_nan():
     model = eqx.nn.MLP(300, 10, 300, 1, activation=jnp.tanh, key=key)  # 93,310 parameters
     fn, params = from_equinox(model)
     params = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), params)  # the test session runs x64
-    X = jax.random.normal(jax.random.key(1), (64, 300), jnp.float32)
+    X = draws.normal(jax.random.key(1), (64, 300), jnp.float32)
     Y = jax.random.randint(jax.random.key(2), (64,), 0, 10)
     G = lo.GGNOp(fn, params, X, Y, Categorical(), batch_size=24)
     assert G.shape[0] > 9e4 and G.dtype == jnp.float32
-    v = jax.random.normal(jax.random.key(3), (G.shape[0],), jnp.float32)
+    v = draws.normal(jax.random.key(3), (G.shape[0],), jnp.float32)
     Gv = jax.jit(lambda G, v: G @ v)(G, v)
     assert bool(jnp.isfinite(Gv).all()) and float(v @ Gv) >= 0.0
     d = lo.diag(G)

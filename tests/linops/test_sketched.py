@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 import linops as lo
+from tests import _draws as draws
 
 from ._util import assert_close
 
 
 def _operator(n, decay, dtype, seed=0):
     """A dense symmetric PSD operator with eigenvalues i^-decay and a random eigenbasis, and its eigenpairs."""
-    Q, _ = jnp.linalg.qr(jax.random.normal(jax.random.key(seed), (n, n), dtype))
+    Q, _ = jnp.linalg.qr(draws.normal(jax.random.key(seed), (n, n), dtype))
     lam = (1.0 / jnp.arange(1, n + 1) ** decay).astype(dtype)
     return lo.Dense((Q * lam[None, :]) @ Q.T, tags={"symmetric", "psd"}), lam, Q
 
@@ -24,7 +25,7 @@ def test_a_full_sketch_is_orthogonal_and_its_transpose_is_the_adjoint():
     M = S.as_matrix()
     assert_close(M @ M.T, jnp.eye(12), atol=1e-12)
     small = lo.sketch(50, 7, key=jax.random.key(1), dtype=jnp.float64)
-    v, u = jax.random.normal(jax.random.key(2), (50,), jnp.float64), jax.random.normal(jax.random.key(3), (7,),
+    v, u = draws.normal(jax.random.key(2), (50,), jnp.float64), draws.normal(jax.random.key(3), (7,),
                                                                                         jnp.float64)
     assert_close(jnp.vdot(small @ v, u), jnp.vdot(v, small.T @ u), rtol=1e-12)
     assert_close(small.rmm(u[:, None])[:, 0], small.as_matrix().T @ u, atol=1e-12)
@@ -33,7 +34,7 @@ def test_a_full_sketch_is_orthogonal_and_its_transpose_is_the_adjoint():
 def test_a_sketch_keeps_the_geometry_of_a_subspace_to_its_stated_accuracy():
     """Singular values of S U for an orthonormal U (n = 4,000, r = 10, s = 400): within 1 ± 3 sqrt(r/s) (a
     statistical bound at a fixed key; the measured distortion is printed by the assert)."""
-    U, _ = jnp.linalg.qr(jax.random.normal(jax.random.key(0), (4000, 10), jnp.float64))
+    U, _ = jnp.linalg.qr(draws.normal(jax.random.key(0), (4000, 10), jnp.float64))
     S = lo.sketch(4000, 400, key=jax.random.key(1), dtype=jnp.float64)
     sv = jnp.linalg.svd(S.mm(U), compute_uv=False)
     distortion = float(jnp.max(jnp.abs(sv - 1)))
@@ -47,10 +48,10 @@ def test_a_blocked_sketch_is_an_embedding_whose_temporaries_are_one_block():
     n = 1_000_000
     S = lo.sketch(n, 4000, key=jax.random.key(0), dtype=jnp.float64)
     assert S.shape == (4000, n) and S.rows.shape == (8, 500)
-    v, u = jax.random.normal(jax.random.key(1), (n,), jnp.float64), jax.random.normal(jax.random.key(2), (4000,),
+    v, u = draws.normal(jax.random.key(1), (n,), jnp.float64), draws.normal(jax.random.key(2), (4000,),
                                                                                        jnp.float64)
     assert_close(jnp.vdot(S @ v, u), jnp.vdot(v, S.T @ u), rtol=1e-10)
-    U, _ = jnp.linalg.qr(jax.random.normal(jax.random.key(3), (n, 5), jnp.float64))
+    U, _ = jnp.linalg.qr(draws.normal(jax.random.key(3), (n, 5), jnp.float64))
     distortion = float(jnp.max(jnp.abs(jnp.linalg.svd(S.mm(U), compute_uv=False) - 1)))
     assert 0 < distortion < 3 * np.sqrt(5 / 4000), distortion
     analysis = jax.jit(lambda S, v: S @ v).lower(S, v).compile().memory_analysis()
@@ -78,12 +79,12 @@ def test_the_top_eigenpairs_match_a_dense_eigendecomposition_despite_ghosts(dtyp
 def test_the_score_at_a_full_sketch_is_the_closed_form():
     """s = n (an orthogonal sketch): ||w||^2 - ||U^T w||^2 and U^T w up to the eigenvectors' signs, exactly (the 8
     eigenvalues kept stand well apart from the rest, so their Ritz vectors converge to rounding)."""
-    Q, _ = jnp.linalg.qr(jax.random.normal(jax.random.key(3), (400, 400), jnp.float64))
+    Q, _ = jnp.linalg.qr(draws.normal(jax.random.key(3), (400, 400), jnp.float64))
     lam = jnp.concatenate([jnp.arange(10.0, 2.0, -1.0), 0.1 / jnp.arange(1, 393)])
     A = lo.Dense((Q * lam[None, :]) @ Q.T, tags={"symmetric", "psd"})
     top = lo.sketched_lanczos(A, 80, 400, key=jax.random.key(4)).low_rank(8)
     assert int(top.rank) == 8
-    W = jax.random.normal(jax.random.key(5), (400, 6), jnp.float64)
+    W = draws.normal(jax.random.key(5), (400, 6), jnp.float64)
     U = Q[:, :8]
     assert_close(top.residual_norms(W), jnp.sum(W**2, axis=0) - jnp.sum((U.T @ W) ** 2, axis=0), rtol=1e-8)
     assert_close(jnp.abs(top.coefficients(W)), jnp.abs(U.T @ W), atol=1e-8)
@@ -95,7 +96,7 @@ def test_the_score_with_a_small_sketch_is_within_the_embedding_error():
     A, lam, Q = _operator(1500, 1.5, jnp.float64, seed=6)
     top = lo.sketched_lanczos(A, 150, 500, key=jax.random.key(7)).low_rank(20)
     assert int(top.rank) == 20
-    W = jax.random.normal(jax.random.key(8), (1500, 5), jnp.float64)
+    W = draws.normal(jax.random.key(8), (1500, 5), jnp.float64)
     exact = jnp.sum(W**2, axis=0) - jnp.sum((Q[:, :20].T @ W) ** 2, axis=0)
     error = float(jnp.max(jnp.abs(top.residual_norms(W) / exact - 1)))
     assert 0 < error < 3 * np.sqrt(21 / 500), error

@@ -10,6 +10,7 @@ import pytest
 import linops as lo
 from linops.likelihoods import Categorical
 from linops.models import from_equinox
+from tests import _draws as draws
 
 from ._util import assert_close
 
@@ -29,7 +30,7 @@ def test_the_evidence_log_determinant_of_a_2000_parameter_ggn_and_its_gradient()
     precision within 1% of tr((G + a I)^-1)."""
     model = eqx.nn.MLP(20, 10, 60, 2, activation=jnp.tanh, key=jax.random.key(0), dtype=jnp.float64)
     fn, params = from_equinox(model)
-    X = jax.random.normal(jax.random.key(1), (60, 20), jnp.float64)
+    X = draws.normal(jax.random.key(1), (60, 20), jnp.float64)
     G = lo.GGNOp(fn, params, X, jnp.arange(60) % 10, Categorical())
     P = G.shape[0]
     assert P >= 2000

@@ -11,6 +11,7 @@ import pytest
 
 from posteriors.experiments import architectures
 from posteriors.experiments.architectures import ARCHITECTURES, count_params, lenet5, nnx_cnn, resnet, vit
+from tests import _draws as draws
 
 # (name, keyword arguments, image side of the small version)
 CASES = [
@@ -32,7 +33,7 @@ def _small(name, kw, dtype=None):
 
 
 def _images(side, n=3, seed=1):
-    return jax.random.normal(jax.random.key(seed), (n, 1, side, side))
+    return draws.normal(jax.random.key(seed), (n, 1, side, side))
 
 
 # The mean-pooled ViT differs from the class-token one in its last line only: its shapes and sizes are checked below.

@@ -14,6 +14,7 @@ from linops.likelihoods import Categorical
 from linops.models import from_equinox, ravel
 from linops.testing import count_compilations as compiles
 from posteriors.predictive import _row_values
+from tests import _draws as draws
 from tests.posteriors._shared import axes
 
 from ..linops._util import assert_close
@@ -23,7 +24,7 @@ from ..linops.test_layer_diag import CASES
 def _mlp_problem(seed):
     fn, params = from_equinox(eqx.nn.MLP(6, 3, 8, 2, activation=jnp.tanh, key=jax.random.key(0)))
     params = jax.tree_util.tree_map(lambda a: a * (1.0 + seed), params)  # new weights, same structure
-    X = jax.random.normal(jax.random.key(seed), (40, 6))
+    X = draws.normal(jax.random.key(seed), (40, 6))
     return fn, params, X, jnp.arange(40) % 3
 
 
@@ -91,7 +92,7 @@ def test_a_model_wrapped_again_reuses_the_compiled_fit_and_predictive():
     def wrapped(seed):
         return from_equinox(eqx.nn.MLP(6, 3, 8, 2, activation=jnp.tanh, key=jax.random.key(seed)))
 
-    X = jax.random.normal(jax.random.key(5), (40, 6))
+    X = draws.normal(jax.random.key(5), (40, 6))
     y = jnp.arange(40) % 3
     fn0, params0 = wrapped(0)
     fit = lambda fn, p: pst.laplace(fn, p, (X, y), Categorical(), structure="diag", batch_size=16)  # noqa: E731
@@ -211,7 +212,7 @@ def test_a_projected_posterior_refit_compiles_nothing_and_projects_onto_the_new_
         return fn, params, X, pst.projected_posterior(fn, params, X, batch_size=5, progress=False, **options)
 
     def deviations(post):
-        return post.projection.project_samples(jax.random.normal(jax.random.key(2), (post.projection.size, 3)))
+        return post.projection.project_samples(draws.normal(jax.random.key(2), (post.projection.size, 3)))
 
     _, _, _, first = fit(0)
     d1 = jax.block_until_ready(deviations(first).value)
@@ -283,7 +284,7 @@ def test_a_first_cnn_fit_and_predictive_compile_one_program_each_and_a_refit_non
     refit on new weights and new images compile none, and give the new arrays' values."""
     fn, params = from_equinox(_CNN(jax.random.key(0)))
     params2 = jax.tree_util.tree_map(lambda a: 1.1 * a, params)
-    X = [jax.random.uniform(jax.random.key(1 + i), (256, 1, 8, 8)) for i in (0, 1)]
+    X = [draws.uniform(jax.random.key(1 + i), (256, 1, 8, 8)) for i in (0, 1)]
     y = [jax.random.randint(jax.random.key(3 + i), (256,), 0, 5) for i in (0, 1)]
     jax.block_until_ready((params2, X, y))
 

@@ -14,6 +14,7 @@ import posteriors as pst
 from linops.likelihoods import Categorical, EmpiricalFisher, Gaussian, MonteCarloFisher
 from linops.models import from_equinox, ravel
 from linops.testing import count_compilations as compiles
+from tests import _draws as draws
 
 from ..linops._util import assert_close
 
@@ -22,8 +23,8 @@ def _problem(seed=0, n=12):
     fn, params = from_equinox(eqx.nn.MLP(3, 2, 4, 1, activation=jnp.tanh, key=jax.random.key(0),
                                          dtype=jnp.float64))
     params = jax.tree_util.tree_map(lambda a: a * (1.0 + 0.1 * seed), params)
-    X = jax.random.normal(jax.random.key(10 + seed), (n, 3), jnp.float64)
-    Y = jax.random.normal(jax.random.key(20 + seed), (n, 2), jnp.float64)
+    X = draws.normal(jax.random.key(10 + seed), (n, 3), jnp.float64)
+    Y = draws.normal(jax.random.key(20 + seed), (n, 2), jnp.float64)
     return fn, params, X, Y
 
 
@@ -102,9 +103,9 @@ def test_the_hessian_of_a_linear_gaussian_model_is_the_ggn():
     """Bayesian linear regression: the Hessian is the GGN (X^T X / sigma^2), so every quantity is the closed form,
     also after the noise is re-tuned (it scales as sigma^-2, as the GGN does)."""
     fn = lambda w, x: x @ w  # noqa: E731
-    W = jax.random.normal(jax.random.key(0), (3, 2), jnp.float64)
-    X = jax.random.normal(jax.random.key(1), (20, 3), jnp.float64)
-    Y = X @ W + 0.1 * jax.random.normal(jax.random.key(2), (20, 2), jnp.float64)
+    W = draws.normal(jax.random.key(0), (3, 2), jnp.float64)
+    X = draws.normal(jax.random.key(1), (20, 3), jnp.float64)
+    Y = X @ W + 0.1 * draws.normal(jax.random.key(2), (20, 2), jnp.float64)
     for structure in ("full", "diag"):
         h = pst.laplace(fn, W, (X, Y), Gaussian(0.2), structure=structure, curvature="hessian", prior_precision=0.5,
                         progress=False)
@@ -186,12 +187,12 @@ def test_bad_curvature_options_are_refused_before_any_work():
 def test_a_refit_of_a_fisher_compiles_nothing(curvature):
     model = eqx.nn.MLP(6, 3, 8, 2, activation=jnp.tanh, key=jax.random.key(0))
     fn, params = from_equinox(model)
-    X = jax.random.normal(jax.random.key(0), (40, 6))
+    X = draws.normal(jax.random.key(0), (40, 6))
     kw = {"key": jax.random.key(1)} if curvature == "fisher" else {}
     first = pst.laplace(fn, params, (X, jnp.arange(40) % 3), Categorical(), structure="kfac", curvature=curvature,
                         progress=False, **kw)
     params2 = jax.tree_util.tree_map(lambda a: 1.5 * a, params)
-    X2 = jax.random.normal(jax.random.key(1), (40, 6))
+    X2 = draws.normal(jax.random.key(1), (40, 6))
     kw2 = {"key": jax.random.key(2)} if curvature == "fisher" else {}
     with compiles() as events:
         second = pst.laplace(fn, params2, (X2, jnp.arange(40) % 3), Categorical(), structure="kfac",

@@ -13,6 +13,7 @@ from linops.kernels import RBF, Matern12, Matern52, Periodic, fit_gp
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import ravel
 from posteriors import fsp
+from tests import _draws as draws
 
 from ..linops._util import assert_close
 
@@ -20,7 +21,7 @@ from ..linops._util import assert_close
 def _mlp(widths, key, dtype=jnp.float64):
     keys = jax.random.split(key, len(widths) - 1)
     return [
-        {"W": jax.random.normal(k, (a, b), dtype) / np.sqrt(a), "b": 0.1 * jax.random.normal(k, (b,), dtype)}
+        {"W": draws.normal(k, (a, b), dtype) / np.sqrt(a), "b": 0.1 * draws.normal(k, (b,), dtype)}
         for k, a, b in zip(keys, widths[:-1], widths[1:], strict=True)
     ]
 
@@ -35,7 +36,7 @@ def _fn(params, x):
 def _toy(n=8, d=1, outputs=1, seed=0, dtype=jnp.float64):
     key = jax.random.key(seed)
     params = _mlp([d, 5, outputs], key, dtype)
-    X = jax.random.uniform(jax.random.fold_in(key, 1), (n, d), dtype, -1.0, 1.0)
+    X = draws.uniform(jax.random.fold_in(key, 1), (n, d), dtype, -1.0, 1.0)
     Y = jnp.sin(3 * X[:, :1]) if outputs == 1 else jnp.asarray(np.arange(n) % outputs)
     return params, X, Y
 
@@ -99,7 +100,7 @@ def _assert_same_posterior(post, cov, C):
 
 def test_multi_output_classification_matches_the_dense_kronecker_prior():
     params, X, Y = _toy(n=10, d=2, outputs=2, seed=3)
-    C = jax.random.uniform(jax.random.key(4), (8, 2), jnp.float64, -2.0, 2.0)
+    C = draws.uniform(jax.random.key(4), (8, 2), jnp.float64, -2.0, 2.0)
     kernel, rtol = Matern12(1.0), 1e-10
     post = pst.fsp_laplace(_fn, params, (X, Y), kernel, C, likelihood=Categorical(), rtol=rtol)
     K2 = lo.kernels.Independent(kernel, num_outputs=2)
@@ -134,12 +135,12 @@ def test_the_laplace_step_holds_its_factors_not_a_batch_of_activations_per_rank_
     (P, rank) factors; planned, a few times those factors."""
     n, d, h, o, rank = 4000, 32, 512, 10, 200
     keys = jax.random.split(jax.random.key(0), 5)
-    params = {"a": jax.random.normal(keys[0], (d, h), jnp.float32) / 8,
-              "b": jax.random.normal(keys[1], (h, h), jnp.float32) / 32,
-              "c": jax.random.normal(keys[2], (h, o), jnp.float32) / 32}
+    params = {"a": draws.normal(keys[0], (d, h), jnp.float32) / 8,
+              "b": draws.normal(keys[1], (h, h), jnp.float32) / 32,
+              "c": draws.normal(keys[2], (h, o), jnp.float32) / 32}
     fn = lambda w, x: jnp.tanh(jnp.tanh(x @ w["a"]) @ w["b"]) @ w["c"]  # noqa: E731
-    X = jax.random.normal(keys[3], (n, d), jnp.float32)
-    Y, C = jnp.zeros(n, jnp.int32), jax.random.normal(keys[4], (50, d), jnp.float32)
+    X = draws.normal(keys[3], (n, d), jnp.float32)
+    Y, C = jnp.zeros(n, jnp.int32), draws.normal(keys[4], (50, d), jnp.float32)
     kernel = lo.kernels.Independent(RBF(), num_outputs=o)
     factors = ravel(params)[0].shape[0] * rank * 4  # bytes of one (P, rank) float32 factor
 
@@ -244,7 +245,7 @@ def test_image_shaped_inputs_are_the_flattened_inputs_to_the_kernel():
     same data as (n, 2, 3) arrays with a network that flattens them gives the posterior, the RKHS norm, the
     training objective and the prior moments of the same data as (n, 6) rows."""
     params, X, Y = _toy(n=10, d=6, seed=5)
-    C = jax.random.uniform(jax.random.key(6), (12, 6), jnp.float64, -2.0, 2.0)
+    C = draws.uniform(jax.random.key(6), (12, 6), jnp.float64, -2.0, 2.0)
     images, C_images = X.reshape(10, 2, 3), C.reshape(12, 2, 3)
     fn_img = lambda p, x: _fn(p, x.reshape(-1))  # noqa: E731
     prior = pst.GPPrior(RBF(1.5), mean=lambda x: jnp.array([0.1 * x[0]]))
@@ -300,8 +301,8 @@ def test_bad_input_is_refused_with_a_clear_error():
 def _paper_1d(n=60, seed=0):
     k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
     side = jnp.where(jax.random.bernoulli(k2, 0.5, (n,)), 1.0, -1.0)
-    X = (jax.random.uniform(k1, (n,), jnp.float64, 0.5, 1.0) * side)[:, None]
-    return X, jnp.sin(2 * jnp.pi * X) + 0.1 * jax.random.normal(k3, (n, 1), jnp.float64)
+    X = (draws.uniform(k1, (n,), jnp.float64, 0.5, 1.0) * side)[:, None]
+    return X, jnp.sin(2 * jnp.pi * X) + 0.1 * draws.normal(k3, (n, 1), jnp.float64)
 
 
 def _train(objective, X, Y, steps=6000, seed=1):

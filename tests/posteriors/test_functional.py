@@ -12,6 +12,7 @@ import posteriors as pst
 from linops.likelihoods import Categorical
 from linops.models import from_equinox, ravel
 from linops.testing import count_compilations as compiles
+from tests import _draws as draws
 
 from ..linops._util import assert_close
 
@@ -20,7 +21,7 @@ def _problem(seed=0):
     fn, params = from_equinox(eqx.nn.MLP(2, 3, 5, 1, activation=jnp.tanh, key=jax.random.key(0),
                                          dtype=jnp.float64))
     params = jax.tree_util.tree_map(lambda a: a * (1 + 0.1 * seed), params)
-    X = jax.random.normal(jax.random.key(1 + seed), (20, 2), jnp.float64)
+    X = draws.normal(jax.random.key(1 + seed), (20, 2), jnp.float64)
     return fn, params, X, jnp.arange(20) % 3
 
 
@@ -80,9 +81,9 @@ def test_a_subset_takes_its_rows_of_a_per_example_likelihood():
     """A per-example (heteroscedastic) noise is subset with its points: the posterior is the dense one of the
     subset's own noises."""
     fn = lambda w, x: (x @ w)[None]  # noqa: E731
-    X = jax.random.normal(jax.random.key(0), (15, 3), jnp.float64)
+    X = draws.normal(jax.random.key(0), (15, 3), jnp.float64)
     sigma = 0.2 + jnp.arange(15.0) / 10
-    Y = X @ jnp.array([1.0, -1.0, 0.5]) + sigma * jax.random.normal(jax.random.key(1), (15,), jnp.float64)
+    Y = X @ jnp.array([1.0, -1.0, 0.5]) + sigma * draws.normal(jax.random.key(1), (15,), jnp.float64)
     from linops.likelihoods import Gaussian
 
     post = pst.laplace(fn, jnp.zeros(3), (X, Y[:, None]), Gaussian(sigma, heteroscedastic=True),

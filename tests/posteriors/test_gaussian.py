@@ -7,6 +7,7 @@ import pytest
 
 import posteriors as pst
 from linops.models import ravel
+from tests import _draws as draws
 
 from ..linops._util import assert_close
 
@@ -17,11 +18,11 @@ def _fn(w, x):
 
 def _setup():
     key = jax.random.key(0)
-    params = {"a": jax.random.normal(key, (2, 4), jnp.float64), "b": jax.random.normal(key, (4, 3), jnp.float64)}
+    params = {"a": draws.normal(key, (2, 4), jnp.float64), "b": draws.normal(key, (4, 3), jnp.float64)}
     P = ravel(params)[0].shape[0]
-    U = jax.random.normal(jax.random.key(1), (P, 5), jnp.float64)
+    U = draws.normal(jax.random.key(1), (P, 5), jnp.float64)
     d = jnp.array([1.0, 0.5, 0.0, 2.0, 0.1])
-    X = jax.random.normal(jax.random.key(2), (6, 2), jnp.float64)
+    X = draws.normal(jax.random.key(2), (6, 2), jnp.float64)
     return params, U, d, X
 
 

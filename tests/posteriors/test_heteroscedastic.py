@@ -11,6 +11,7 @@ import pytest
 import posteriors as pst
 from linops.likelihoods import Gaussian, HeteroscedasticGaussian
 from linops.models import from_equinox, ravel
+from tests import _draws as draws
 
 from ..linops._util import assert_close
 
@@ -19,7 +20,7 @@ def _problem():
     fn, params = from_equinox(eqx.nn.MLP(1, 2, 6, 1, activation=jnp.tanh, key=jax.random.key(0),
                                          dtype=jnp.float64))
     X = jnp.linspace(-2, 2, 25)[:, None]
-    Y = jnp.sin(2 * X) + 0.1 * (1 + X**2) * jax.random.normal(jax.random.key(1), (25, 1), jnp.float64)
+    Y = jnp.sin(2 * X) + 0.1 * (1 + X**2) * draws.normal(jax.random.key(1), (25, 1), jnp.float64)
     return fn, params, X, Y
 
 
@@ -55,8 +56,8 @@ def test_ggn_evidence_and_predictive_match_the_dense_computation():
 def test_a_constant_log_variance_is_the_fixed_noise_gaussian():
     """A model whose log-variance output is one parameter c: its mean block is the Gaussian(sigma = e^{c/2}) GGN
     exactly, the c block N/2, no cross term (the Fisher is block-diagonal in (mu, s))."""
-    X = jax.random.normal(jax.random.key(0), (30, 3), jnp.float64)
-    Y = X @ jnp.array([1.0, -2.0, 0.5]) + 0.3 * jax.random.normal(jax.random.key(1), (30,), jnp.float64)
+    X = draws.normal(jax.random.key(0), (30, 3), jnp.float64)
+    Y = X @ jnp.array([1.0, -2.0, 0.5]) + 0.3 * draws.normal(jax.random.key(1), (30,), jnp.float64)
     c = jnp.log(0.3**2)
     het = lambda p, x: jnp.stack([x @ p["w"], p["c"]])  # noqa: E731
     hom = lambda w, x: (x @ w)[None]  # noqa: E731

@@ -14,6 +14,7 @@ import posteriors as pst
 import posteriors.io
 from linops.likelihoods import Gaussian
 from linops.models import from_equinox
+from tests import _draws as draws
 
 
 def _fn(w, x):
@@ -21,7 +22,7 @@ def _fn(w, x):
 
 
 def _problem(n=20):
-    X = jax.random.normal(jax.random.key(0), (n, 3), jnp.float64)
+    X = draws.normal(jax.random.key(0), (n, 3), jnp.float64)
     return _fn, jnp.array([0.5, -1.0, 0.3, 2.0]), (X, jnp.sin(X[:, :1]))
 
 

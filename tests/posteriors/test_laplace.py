@@ -18,6 +18,7 @@ import posteriors as pst
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import ravel
 from posteriors import _structures as S
+from tests import _draws as draws
 from tests.posteriors._shared import axes, blr, design, linear_model
 
 from ..linops._util import assert_close
@@ -291,7 +292,7 @@ def test_save_and_load_reproduce_samples_bit_for_bit(structure, tmp_path):
     from linops.models import from_equinox
 
     fn, params = from_equinox(model)
-    X = jax.random.normal(jax.random.key(1), (25, 2), jnp.float64)
+    X = draws.normal(jax.random.key(1), (25, 2), jnp.float64)
     y = jnp.arange(25) % 2
     kw = dict(rank=5, key=jax.random.key(2)) if structure == "lowrank" else {}
     args = (fn, params, (X, y), Categorical())
@@ -361,7 +362,7 @@ def test_done_when_every_structure_predicts_and_tunes_on_an_equinox_model():
     model = eqx.nn.MLP(1, 1, 12, 2, activation=jnp.tanh, key=jax.random.key(0))
     fn, params = from_equinox(model)
     X = jnp.linspace(-2, 2, 30)[:, None]
-    Y = jnp.sin(2 * X) + 0.05 * jax.random.normal(jax.random.key(1), (30, 1))
+    Y = jnp.sin(2 * X) + 0.05 * draws.normal(jax.random.key(1), (30, 1))
     T = jnp.linspace(-3, 3, 7)[:, None]
     for structure in pst.STRUCTURES:
         kw = dict(rank=10, key=jax.random.key(2)) if structure in ("lowrank", "sketched") else {}
@@ -396,7 +397,7 @@ def test_kfac_of_a_convolutional_network_is_its_kronecker_blocks_and_the_exact_d
                    eqx.nn.LayerNorm((4, 5, 5), dtype=jnp.float64),
                    eqx.nn.Linear(100, 3, key=jax.random.key(1), dtype=jnp.float64))
     fn, params = lo.models.from_equinox(net)
-    X = jax.random.normal(jax.random.key(2), (6, 2, 5, 5), jnp.float64)
+    X = draws.normal(jax.random.key(2), (6, 2, 5, 5), jnp.float64)
     y = jnp.arange(6) % 3
     post = pst.laplace(fn, params, (X, y), Categorical(), structure="kfac", prior_precision=ALPHA)
     assert post.ggn.diagonal_leaves == ("norm.weight", "norm.bias")
@@ -420,7 +421,7 @@ def test_kfac_of_a_convolutional_network_is_its_kronecker_blocks_and_the_exact_d
     assert_close(post.covariance.as_matrix(), np.linalg.inv(Lam), rtol=1e-8)
     assert_close(lo.logdet(post.precision), np.linalg.slogdet(Lam)[1], rtol=1e-10)
     # the predictive's per-layer Kronecker quadratic forms (grouped convolution, bias, diagonal leaves)
-    Xt = jax.random.normal(jax.random.key(3), (3, 2, 5, 5), jnp.float64)
+    Xt = draws.normal(jax.random.key(3), (3, 2, 5, 5), jnp.float64)
     Jt = np.asarray(lo.JacobianOp(fn, params, Xt).as_matrix())
     reference = np.einsum("rp,pq,rq->r", Jt, np.linalg.inv(Lam), Jt).reshape(3, 3)
     assert_close(pst.predictive.linearized(post, Xt)[1], reference, rtol=1e-9)
@@ -438,7 +439,7 @@ def test_last_layer_is_the_last_dense_layer_in_the_program_for_nnx_and_after_a_p
             return self.head(jnp.tanh(self.conv(x[None]))[0].mean((0, 1)))
 
     fn, params = lo.models.from_flax_nnx(Net(nnx.Rngs(0)))
-    X = jax.random.normal(jax.random.key(3), (7, 5, 5, 2), jnp.float64)
+    X = draws.normal(jax.random.key(3), (7, 5, 5, 2), jnp.float64)
     y = jnp.arange(7) % 3
     names = [S.path_string(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
     chosen = pst.last_layer_leaves(params, fn=fn, x=X[0])
@@ -508,7 +509,7 @@ def test_fit_shows_a_progress_bar_over_the_batches_that_can_be_silenced(capsys, 
     import linops.runtime._progress
     from linops.models import from_equinox
 
-    X = jax.random.normal(jax.random.key(0), (100, 4))
+    X = draws.normal(jax.random.key(0), (100, 4))
     y = (X[:, 0] > 0).astype(jnp.int32)
     fn, params = from_equinox(eqx.nn.MLP(4, 3, 8, 2, key=jax.random.key(1)))
     fit = lambda s, **kw: pst.laplace(fn, params, (X, y), Categorical(), **axes(s), batch_size=16, **kw)  # noqa: E731
@@ -550,10 +551,10 @@ def test_a_progress_bar_never_stops_the_computation_it_reports_on(stream, monkey
     ones: a bar's failed write is dropped, never raised into the computation (issue 37)."""
     import linops.runtime._progress
 
-    X = jax.random.normal(jax.random.key(0), (40, 3))
+    X = draws.normal(jax.random.key(0), (40, 3))
     y = (X[:, 0] > 0).astype(jnp.int32)
     fn = lambda p, x: jnp.tanh(x @ p["W"]) @ p["V"]  # noqa: E731
-    params = {"V": jax.random.normal(jax.random.key(2), (5, 2)), "W": jax.random.normal(jax.random.key(1), (3, 5))}
+    params = {"V": draws.normal(jax.random.key(2), (5, 2)), "W": draws.normal(jax.random.key(1), (3, 5))}
     fit = lambda **kw: pst.laplace(fn, params, (X, y), Categorical(), structure="diag", batch_size=8, **kw)  # noqa: E731
     quiet = fit(progress=False)
     tuned_quiet = pst.optimize_prior_precision(quiet, method="gridsearch", validation=(X, y), grid=[0.5, 2.0],
@@ -580,7 +581,7 @@ def test_low_rank_fsp_and_gp_fits_show_progress_bars(capsys, monkeypatch):
     from linops.models import from_equinox
 
     monkeypatch.setattr(linops.runtime._progress, "DELAY", 0.0)
-    X = jax.random.normal(jax.random.key(0), (40, 2))
+    X = draws.normal(jax.random.key(0), (40, 2))
     y = (X[:, 0] > 0).astype(jnp.int32)
     fn, params = from_equinox(eqx.nn.MLP(2, 2, 6, 1, key=jax.random.key(1)))
     pst.laplace(fn, params, (X, y), Categorical(), structure="lowrank", rank=3, num_steps=8, key=jax.random.key(2))

@@ -15,13 +15,14 @@ import posteriors as pst
 from linops.likelihoods import Bernoulli, Categorical, Gaussian
 from linops.models import from_equinox, ravel
 from linops.testing import count_compilations as compiles
+from tests import _draws as draws
 
 
 def _linear_problem(n=60, d=3, k=2):
     kx, kw, ke = jax.random.split(jax.random.key(0), 3)
-    X = jax.random.normal(kx, (n, d), jnp.float64)
-    W = 0.7 * jax.random.normal(kw, (d, k), jnp.float64)
-    return X, X @ W + 0.4 + 0.25 * jax.random.normal(ke, (n, k), jnp.float64)
+    X = draws.normal(kx, (n, d), jnp.float64)
+    W = 0.7 * draws.normal(kw, (d, k), jnp.float64)
+    return X, X @ W + 0.4 + 0.25 * draws.normal(ke, (n, k), jnp.float64)
 
 
 def _exact_evidence(X, Y, alpha, sigma):
@@ -68,7 +69,7 @@ def _mlp(outputs, seed=0):
                                                             pytest.param("diag", "diag", marks=pytest.mark.slow),
                                                             ("full", "scalar")])
 def test_the_posterior_is_tuned_at_the_returned_weights_under_the_learnt_prior(structure, prior_structure):
-    X = jax.random.normal(jax.random.key(3), (48, 4))
+    X = draws.normal(jax.random.key(3), (48, 4))
     y = (jnp.sum(X[:, :2], axis=1) > 0).astype(jnp.int32) + (X[:, 2] > 1).astype(jnp.int32)
     fn, params = _mlp(3)
     fit = pst.marglik_training(fn, params, (X, y), Categorical(), key=jax.random.key(4), num_epochs=6,
@@ -97,7 +98,7 @@ def test_the_posterior_is_tuned_at_the_returned_weights_under_the_learnt_prior(s
 
 
 def test_restore_best_returns_the_update_of_the_highest_evidence_and_false_the_last():
-    X = jax.random.normal(jax.random.key(3), (48, 4))
+    X = draws.normal(jax.random.key(3), (48, 4))
     y = jnp.arange(48) % 3
     fn, params = _mlp(3)
     # a learning rate that grows 100-fold: the training diverges and the evidence falls after its third update
@@ -119,7 +120,7 @@ def test_restore_best_returns_the_update_of_the_highest_evidence_and_false_the_l
 @pytest.mark.filterwarnings("ignore:marglik_training. on the first")  # the frozen prior's flat predictive
 def test_training_follows_the_prior_the_evidence_learns():
     # a strong learnt prior shrinks the weights: the same run with the prior frozen at its start ends larger
-    X = jax.random.normal(jax.random.key(5), (64, 4))
+    X = draws.normal(jax.random.key(5), (64, 4))
     y = (X[:, :1] > 0).astype(jnp.float32)
     fn, params = _mlp(1, seed=1)
     kw = dict(key=jax.random.key(6), num_epochs=30, batch_size=32, structure="diag", prior_structure="scalar",
@@ -131,7 +132,7 @@ def test_training_follows_the_prior_the_evidence_learns():
 
 
 def test_a_second_run_of_the_same_shapes_compiles_nothing():
-    X = jax.random.normal(jax.random.key(7), (32, 4))
+    X = draws.normal(jax.random.key(7), (32, 4))
     y = jnp.arange(32) % 3
     fn, params = _mlp(3)
     opt = optax.adam(1e-2)
@@ -151,7 +152,7 @@ def test_later_updates_and_the_closing_check_of_a_first_run_compile_almost_nothi
     second update), and the closing check is one program (it was about 50 small eager ones on a CNN)."""
     import posteriors.marglik as marglik_module
 
-    X = jax.random.normal(jax.random.key(7), (40, 5))  # shapes of this test only: a first run
+    X = draws.normal(jax.random.key(7), (40, 5))  # shapes of this test only: a first run
     y = jnp.arange(40) % 4
     fn, params = from_equinox(eqx.nn.MLP(5, 4, 6, 1, activation=jnp.tanh, key=jax.random.key(3)))
     marks, real = [], marglik_module.laplace
@@ -176,7 +177,7 @@ def test_later_updates_and_the_closing_check_of_a_first_run_compile_almost_nothi
     ({"hyper_learning_rate": 0.0}, "hyper_learning_rate must be positive"),
 ])
 def test_bad_options_are_refused_before_training(kwargs, match):
-    X = jax.random.normal(jax.random.key(7), (32, 4))
+    X = draws.normal(jax.random.key(7), (32, 4))
     fn, params = _mlp(3)
     kw = {"num_epochs": 5, "key": jax.random.key(0), "progress": False, **kwargs}
     with pytest.raises(ValueError, match=match):
@@ -184,7 +185,7 @@ def test_bad_options_are_refused_before_training(kwargs, match):
 
 
 def test_targets_that_do_not_fit_the_model_are_refused():
-    X = jax.random.normal(jax.random.key(7), (32, 4))
+    X = draws.normal(jax.random.key(7), (32, 4))
     fn, params = _mlp(3)
     with pytest.raises(ValueError, match="marglik_training"):
         pst.marglik_training(fn, params, (X, jnp.full(32, 3)), Categorical(), key=jax.random.key(0), num_epochs=2,
@@ -194,7 +195,7 @@ def test_targets_that_do_not_fit_the_model_are_refused():
 def test_a_predictive_far_flatter_than_the_network_on_the_training_data_is_said():
     # a network that fits its labels almost exactly under a prior held near its start (one update, at the end):
     # the diagonal posterior's linearised predictive is far flatter than the network on the training examples
-    X = jax.random.normal(jax.random.key(5), (64, 4))
+    X = draws.normal(jax.random.key(5), (64, 4))
     y = (X[:, :1] > 0).astype(jnp.float32)
     fn, params = _mlp(1, seed=1)
     kw = dict(key=jax.random.key(6), num_epochs=30, batch_size=32, structure="diag", prior_structure="scalar",
@@ -223,7 +224,7 @@ def test_evidence_tuning_says_when_its_predictive_is_far_flatter_than_the_networ
     the predictive explains the data as the network does, passes silently; with a grid search check is refused."""
     import warnings
 
-    X = jax.random.normal(jax.random.key(5), (64, 4))
+    X = draws.normal(jax.random.key(5), (64, 4))
     y = (X[:, :1] > 0).astype(jnp.float32)
     fn, params = _mlp(1, seed=1)
     loss = lambda p: jnp.mean(jax.vmap(Bernoulli().nll)(jax.vmap(fn, in_axes=(None, 0))(p, X), y))  # noqa: E731

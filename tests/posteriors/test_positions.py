@@ -14,6 +14,7 @@ import posteriors as pst
 from linops.likelihoods import Categorical, Flattened, Gaussian, MonteCarloFisher, PerPosition, with_positions
 from linops.models import ravel
 from linops.testing import count_compilations as compiles
+from tests import _draws as draws
 from tests.posteriors._shared import dense_ggn
 
 from ..linops._util import assert_close
@@ -25,10 +26,10 @@ T, V, D = 3, 4, 2
 def test_per_position_likelihood_is_the_summed_loss(base):
     """nll, gradient, Hessian products, Hessian and its factor against autodiff of the sum over positions."""
     lik = PerPosition(base, (T, V))
-    f = jax.random.normal(jax.random.key(0), (T * V,), jnp.float64)
-    y = jnp.array([0, 3, 1]) if isinstance(base, Categorical) else jax.random.normal(jax.random.key(1), (T, V))
+    f = draws.normal(jax.random.key(0), (T * V,), jnp.float64)
+    y = jnp.array([0, 3, 1]) if isinstance(base, Categorical) else draws.normal(jax.random.key(1), (T, V))
     total = lambda f: sum(base.nll(f.reshape(T, V)[t], y[t]) for t in range(T))  # noqa: E731
-    u = jax.random.normal(jax.random.key(2), (T * V,), jnp.float64)
+    u = draws.normal(jax.random.key(2), (T * V,), jnp.float64)
     H = jax.hessian(total)(f)
     assert_close(lik.nll(f, y), total(f))
     assert_close(lik.grad(f, y), jax.grad(total)(f))
@@ -45,7 +46,7 @@ def test_a_monte_carlo_fisher_over_positions_is_unbiased_with_whole_sequences_pe
     examples' draws equals the block-diagonal Hessian, the cross-position terms vanishing in expectation."""
     lik = PerPosition(Categorical(), (T, V))
     mc = MonteCarloFisher(lik, num_samples=2)
-    f = jax.random.normal(jax.random.key(0), (T * V,), jnp.float64)
+    f = draws.normal(jax.random.key(0), (T * V,), jnp.float64)
     n = 20_000
     _, keys = mc.with_keys(jnp.zeros((n, T), int), jax.random.key(1))
     A = jax.vmap(lambda k: mc.hessian_factor(f, (jnp.zeros(T, int), k)))(keys)  # (n, 2, T V)
@@ -61,8 +62,8 @@ def test_a_monte_carlo_fisher_over_positions_is_unbiased_with_whole_sequences_pe
 def _blr(n=20, alpha=1.5, sigma=0.6):
     """Bayesian linear regression over positions: ``f(W, x) = x W`` with ``x`` of shape ``(T, D)``, Gaussian noise;
     the exact MAP and the closed forms (the precision is ``(A / sigma^2 + alpha I) (x) I_V``, ``A = sum x x^T``)."""
-    X = jax.random.normal(jax.random.key(0), (n, T, D), jnp.float64)
-    Y = jax.random.normal(jax.random.key(1), (n, T, V), jnp.float64)
+    X = draws.normal(jax.random.key(0), (n, T, D), jnp.float64)
+    Y = draws.normal(jax.random.key(1), (n, T, V), jnp.float64)
     rows, targets = X.reshape(-1, D), Y.reshape(-1, V)
     prec = rows.T @ rows / sigma**2 + alpha * jnp.eye(D)
     W = jnp.linalg.solve(prec, rows.T @ targets / sigma**2)
@@ -77,7 +78,7 @@ def test_linear_regression_over_positions_matches_the_closed_forms(structure):
     P = jnp.kron(prec, jnp.eye(V))  # vec(W) row-major: (D, V)
     S = jnp.linalg.inv(P) if structure != "diag" else jnp.diag(1.0 / jnp.diag(P))
     assert_close(post.covariance.as_matrix(), S, rtol=1e-10)
-    Xt = jax.random.normal(jax.random.key(2), (5, T, D), jnp.float64)
+    Xt = draws.normal(jax.random.key(2), (5, T, D), jnp.float64)
     mean, var = pst.predictive.linearized(post, Xt)
     J = jax.vmap(lambda x: jax.jacfwd(lambda w: fn(w.reshape(D, V), x).reshape(-1))(W.reshape(-1)))(Xt)
     assert mean.shape == var.shape == (5, T, V)
@@ -98,8 +99,8 @@ def test_linear_regression_over_positions_matches_the_closed_forms(structure):
 def _tanh_seq(seed=0):
     """A nonlinear sequence classifier ``tanh(x W1) W2``: ``(T, V)`` logits of ``(T, D)`` inputs (float64)."""
     k = jax.random.split(jax.random.key(seed), 4)
-    params = {"W1": jax.random.normal(k[0], (D, 5), jnp.float64), "W2": jax.random.normal(k[1], (5, V), jnp.float64)}
-    X = jax.random.normal(k[2], (8, T, D), jnp.float64)
+    params = {"W1": draws.normal(k[0], (D, 5), jnp.float64), "W2": draws.normal(k[1], (5, V), jnp.float64)}
+    X = draws.normal(k[2], (8, T, D), jnp.float64)
     Y = jax.random.randint(k[3], (8, T), 0, V)
     return (lambda p, x: jnp.tanh(x @ p["W1"]) @ p["W2"]), params, X, Y
 
@@ -170,7 +171,7 @@ def _lora_problem():
     fn, params = add_lora(fn, params, jax.random.key(1), rank=2)
     # fine-tuned adapters are not zero: B = 0 would make the Jacobian of A vanish
     params = jax.tree_util.tree_map_with_path(
-        lambda p, a: a + 0.3 * jax.random.normal(jax.random.key(len(str(p))), a.shape, a.dtype)
+        lambda p, a: a + 0.3 * draws.normal(jax.random.key(len(str(p))), a.shape, a.dtype)
         if "lora_b" in str(p) else a, params)
     X, Y = windows(corpus("train"), 6, 8, jax.random.key(2))
     Xt, _ = windows(corpus("bytecode"), 2, 8, jax.random.key(3))
@@ -213,7 +214,7 @@ def test_laplace_lora_predictive_equals_the_dense_one_in_every_structure(structu
 def test_an_exact_ggn_over_many_outputs_per_example_says_what_it_costs():
     """1,600 outputs per example (8 positions x 200 classes): the exact GGN's reverse passes are counted in a
     warning naming the unbiased alternative; the Monte-Carlo Fisher takes num_samples passes and says nothing."""
-    X = jax.random.normal(jax.random.key(0), (2, 8, 3))
+    X = draws.normal(jax.random.key(0), (2, 8, 3))
     Y = jax.random.randint(jax.random.key(1), (2, 8), 0, 200)
     fn = lambda w, x: x @ w  # noqa: E731
     w = 0.1 * jnp.ones((3, 200))

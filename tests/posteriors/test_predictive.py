@@ -11,6 +11,7 @@ import linops as lo
 import posteriors as pst
 from linops.likelihoods import Bernoulli, Categorical
 from posteriors import predictive
+from tests import _draws as draws
 from tests.posteriors._shared import axes
 
 from ..linops._util import assert_close
@@ -19,7 +20,7 @@ from ..linops._util import assert_close
 def _problem(num_classes=7):
     net = eqx.nn.MLP(3, num_classes, 6, 2, activation=jnp.tanh, key=jax.random.key(0), dtype=jnp.float64)
     fn, params = lo.models.from_equinox(net)
-    X = jax.random.normal(jax.random.key(1), (20, 3), jnp.float64)
+    X = draws.normal(jax.random.key(1), (20, 3), jnp.float64)
     y = jnp.arange(20) % num_classes
     return fn, params, X, y
 
@@ -29,7 +30,7 @@ def test_variances_from_blocks_of_outputs_equal_the_dense_reference(structure, m
     fn, params, X, y = _problem()
     post = pst.laplace(fn, params, (X, y), Categorical(), **axes(structure), prior_precision=0.7,
                        rank=10, key=jax.random.key(2))
-    Xt = jax.random.normal(jax.random.key(3), (5, 3), jnp.float64)
+    Xt = draws.normal(jax.random.key(3), (5, 3), jnp.float64)
     J = np.asarray(lo.JacobianOp(fn, params, Xt).as_matrix())  # (M O, P) example-major
     reference = np.einsum("rp,pq,rq->r", J, np.asarray(post.covariance.as_matrix()), J).reshape(5, 7)
     mean, var = predictive.linearized(post, Xt)
@@ -50,7 +51,7 @@ def test_a_projected_posteriors_predictive_comes_from_its_linearised_samples():
     fn, params, X, y = _problem(num_classes=3)
     post = pst.projected_posterior(fn, params, X[:4], batch_size=2, prior_precision="optimal", key=jax.random.key(4),
                                    num_trace_samples=16)
-    Xt = jax.random.normal(jax.random.key(5), (6, 3), jnp.float64)
+    Xt = draws.normal(jax.random.key(5), (6, 3), jnp.float64)
     J = np.asarray(lo.JacobianOp(fn, params, Xt).as_matrix())
     offsets = J @ (np.asarray(post.trace_draws) / np.sqrt(float(post.prior_precision)))  # (M O, 16)
     var = predictive.linearized(post, Xt)[1]
@@ -93,9 +94,9 @@ def test_every_structures_predictive_on_the_small_architectures_is_the_dense_ref
     from posteriors.experiments.architectures import ARCHITECTURES as BUILD
 
     fn, params = BUILD[name](jax.random.key(0), size="small", dtype=jnp.float64, **kw)
-    X = jax.random.normal(jax.random.key(1), (6, 1, side, side), jnp.float64)
+    X = draws.normal(jax.random.key(1), (6, 1, side, side), jnp.float64)
     y = jnp.arange(6) % 10
-    Xt = jax.random.normal(jax.random.key(2), (2, 1, side, side), jnp.float64)
+    Xt = draws.normal(jax.random.key(2), (2, 1, side, side), jnp.float64)
     J = np.asarray(lo.JacobianOp(fn, params, Xt).as_matrix())  # (M O, P)
     P = J.shape[1]
     for structure, options in (("diag", {}), ("kfac", {}), ("last_layer", {}), ("full", {}),

@@ -9,6 +9,7 @@ import linops as lo
 import posteriors as pst
 from linops.likelihoods import Gaussian
 from linops.models import ravel
+from tests import _draws as draws
 
 from ..linops._util import assert_close
 from ..linops.test_alternating import _fn, _setup
@@ -133,7 +134,7 @@ def test_the_trace_estimate_reuses_its_draws_as_posterior_samples():
                                    num_trace_samples=64, trace_rtol=None)
     flat = ravel(params)[0]
     P = flat.shape[0]
-    eps = np.asarray(jax.random.normal(key, (P, 64), flat.dtype))
+    eps = np.asarray(draws.normal(key, (P, 64), flat.dtype))
     assert_close(post.trace_draws, null @ eps, atol=1e-8)  # the probes of `key`, projected
     per_probe = _rank_per_probe(eps, null)
     assert post.trace_estimate.num_samples == 64
@@ -160,7 +161,7 @@ def test_the_adaptive_trace_estimate_projects_blocks_of_probes_until_alpha_is_pr
                                    num_trace_samples=400, trace_rtol=0.1, trace_block=8)
     k = post.trace_estimate.num_samples
     assert k % 8 == 0 and 8 <= k < 400 and post.trace_draws.shape == (P, k)
-    eps = np.concatenate([np.asarray(jax.random.normal(key if i == 0 else jax.random.fold_in(key, i), (P, 8),
+    eps = np.concatenate([np.asarray(draws.normal(key if i == 0 else jax.random.fold_in(key, i), (P, 8),
                                                        flat.dtype)) for i in range(k // 8)], axis=1)
     assert_close(post.trace_draws, null @ eps, atol=1e-8)
     per_probe = _rank_per_probe(eps, null)
@@ -217,7 +218,7 @@ def test_done_when_an_equinox_model_keeps_its_training_predictions():
     model = eqx.nn.MLP(2, 3, 16, 1, activation=jnp.tanh, key=jax.random.key(0))
     model = jax.tree_util.tree_map(lambda a: a.astype(jnp.float64) if eqx.is_inexact_array(a) else a, model)
     fn, params = from_equinox(model)
-    X = jax.random.normal(jax.random.key(1), (20, 2), jnp.float64)
+    X = draws.normal(jax.random.key(1), (20, 2), jnp.float64)
     Y = jax.vmap(model)(X) + 0.1
     post = pst.projected_posterior(fn, params, (X, Y), batch_size=16, prior_precision="optimal",
                                    key=jax.random.key(2))

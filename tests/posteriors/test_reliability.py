@@ -16,6 +16,7 @@ import posteriors as pst
 from linops.kernels import Matern32
 from linops.likelihoods import Gaussian
 from posteriors.projected import optimal_prior_precision
+from tests import _draws as draws
 from tests.linops._util import assert_close
 from tests.posteriors._shared import axes
 
@@ -103,7 +104,7 @@ def test_an_unconverged_projection_is_announced_and_recorded():
     # (standard Gaussian, drawn from the key), recomputed here from the trace draws
     J = jax.jacfwd(lambda p: jax.vmap(fn, in_axes=(None, 0))(p, X))(params)
     J = np.concatenate([np.asarray(leaf).reshape(X.shape[0] * 3, -1) for leaf in jax.tree_util.tree_leaves(J)], 1)
-    eps = np.asarray(jax.random.normal(jax.random.key(0), (J.shape[1], 8), post.mean.dtype))
+    eps = np.asarray(draws.normal(jax.random.key(0), (J.shape[1], 8), post.mean.dtype))
     for p_, rows in ((post, J), (good, J[:12])):
         residual = np.linalg.norm(rows @ np.asarray(p_.trace_draws), axis=0) / np.linalg.norm(rows @ eps, axis=0)
         assert_close(p_.projection_residual, residual.max(), rtol=1e-6)
@@ -165,7 +166,7 @@ def test_laplace_under_jit_equals_the_eager_posterior(structure):
 
     model = eqx.nn.MLP(3, 3, 5, 2, activation=jnp.tanh, key=jax.random.key(0), dtype=jnp.float64)
     fn, params = from_equinox(model)
-    X = jax.random.normal(jax.random.key(1), (30, 3), jnp.float64)
+    X = draws.normal(jax.random.key(1), (30, 3), jnp.float64)
     y = jnp.arange(30) % 3  # three classes: the output covariance has off-diagonal terms to get wrong
     kw = {"rank": 6, "key": jax.random.key(2)} if structure == "lowrank" else {}
 
@@ -190,7 +191,7 @@ def test_projected_posterior_under_jit_equals_the_eager_one():
 
     model = eqx.nn.MLP(3, 2, 6, 1, activation=jnp.tanh, key=jax.random.key(0), dtype=jnp.float64)
     fn, params = from_equinox(model)  # 38 parameters; 8 inputs x 2 outputs = 16 rows
-    X = jax.random.normal(jax.random.key(1), (8, 3), jnp.float64)
+    X = draws.normal(jax.random.key(1), (8, 3), jnp.float64)
 
     def fit(params, X):
         return pst.projected_posterior(fn, params, X, batch_size=4, prior_precision=2.0)
@@ -303,10 +304,10 @@ def test_kfac_warns_with_an_estimate_before_eigendecompositions_that_take_minute
     from linops.likelihoods import Categorical
     from posteriors import _structures
 
-    X = jax.random.normal(jax.random.key(0), (30, 12))
+    X = draws.normal(jax.random.key(0), (30, 12))
     y = jnp.arange(30) % 3
-    params = {"V": 0.3 * jax.random.normal(jax.random.key(1), (3, 6)),
-              "W": 0.3 * jax.random.normal(jax.random.key(2), (6, 12))}
+    params = {"V": 0.3 * draws.normal(jax.random.key(1), (3, 6)),
+              "W": 0.3 * draws.normal(jax.random.key(2), (6, 12))}
     fn = lambda p, x: p["V"] @ jnp.tanh(p["W"] @ x)  # noqa: E731
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -329,7 +330,7 @@ def test_a_fit_whose_outputs_or_curvature_overflow_is_refused_not_returned_as_na
     which, instead of returning a posterior every prediction of which is NaN."""
     from linops.likelihoods import Gaussian
 
-    X = jnp.abs(jax.random.normal(jax.random.key(0), (40, 3), jnp.float32)) + 1.0
+    X = jnp.abs(draws.normal(jax.random.key(0), (40, 3), jnp.float32)) + 1.0
     Y = jnp.zeros((40, 2), jnp.float32)
     kw = {"structure": structure, **({"key": jax.random.key(1), "rank": 2} if structure == "lowrank" else {})}
     overflow = lambda p, x: jnp.exp(x @ p["W"])  # noqa: E731 - exp(30 x 3) overflows float32

@@ -11,14 +11,15 @@ import pytest
 import posteriors as pst
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import from_equinox
+from tests import _draws as draws
 
 
 def _wide(num_outputs):
     """A tanh MLP 4-8-O (float64) on 12 examples with Gaussian targets: a posterior over O outputs."""
     model = eqx.nn.MLP(4, num_outputs, 8, 1, activation=jnp.tanh, key=jax.random.key(0), dtype=jnp.float64)
     fn, params = from_equinox(model)
-    X = jax.random.normal(jax.random.key(1), (12, 4), jnp.float64)
-    Y = jax.random.normal(jax.random.key(2), (12, num_outputs), jnp.float64)
+    X = draws.normal(jax.random.key(1), (12, 4), jnp.float64)
+    Y = draws.normal(jax.random.key(2), (12, num_outputs), jnp.float64)
     return fn, params, X, Y
 
 
@@ -31,7 +32,7 @@ def test_the_estimate_is_unbiased_with_honest_standard_errors(num_outputs, struc
     the estimate's own), and none is past 5. A standard error off by 2x, or a bias of a tenth of one, fails."""
     fn, params, X, Y = _wide(num_outputs)
     post = pst.laplace(fn, params, (X, Y), Gaussian(0.5), structure=structure, prior_precision=2.0)
-    T = jax.random.normal(jax.random.key(3), (3, 4), jnp.float64)
+    T = draws.normal(jax.random.key(3), (3, 4), jnp.float64)
     exact = pst.predictive.linearized(post, T)[1]
     est = pst.predictive.sampled_variances(post, jax.random.key(4), T, 3000)
     assert est.value.shape == exact.shape == (3, num_outputs) and est.num_samples == 3000

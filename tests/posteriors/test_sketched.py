@@ -13,6 +13,7 @@ import posteriors as pst
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import from_equinox
 from linops.testing import count_compilations as compiles
+from tests import _draws as draws
 
 from ..linops._util import assert_close
 
@@ -21,7 +22,7 @@ def _mlp(seed=0, n=80):
     model = eqx.nn.MLP(6, 4, 20, 2, activation=jnp.tanh, key=jax.random.key(0), dtype=jnp.float64)
     fn, params = from_equinox(model)
     params = jax.tree_util.tree_map(lambda a: a * (1.0 + 0.1 * seed), params)
-    X = jax.random.normal(jax.random.key(1 + seed), (n, 6), jnp.float64)
+    X = draws.normal(jax.random.key(1 + seed), (n, 6), jnp.float64)
     return fn, params, X, jnp.arange(n) % 4
 
 
@@ -29,14 +30,14 @@ def test_bayesian_linear_regression_is_exact_when_the_rank_covers_the_ggn():
     """y = w^T x + noise, 8 examples in 30 dimensions: the GGN X^T X / sigma^2 has rank 8, so 8 eigenpairs make the
     low-rank posterior exact: the predictive variance equals x^T (X^T X / sigma^2 + alpha I)^-1 x, and the
     log-determinant log det(X^T X / sigma^2 + alpha I)."""
-    X = jax.random.normal(jax.random.key(0), (8, 30), jnp.float64)
-    Y = jax.random.normal(jax.random.key(1), (8, 1), jnp.float64)
+    X = draws.normal(jax.random.key(0), (8, 30), jnp.float64)
+    Y = draws.normal(jax.random.key(1), (8, 1), jnp.float64)
     fn = lambda w, x: (x @ w)[None]  # noqa: E731
     sigma, alpha = 0.7, 0.3
     post = pst.laplace(fn, jnp.zeros(30, jnp.float64), (X, Y), Gaussian(sigma), structure="sketched", rank=8,
                        num_steps=30, sketch_size=30, key=jax.random.key(2), prior_precision=alpha)
     assert int(post.ggn.top.rank) == 8
-    Xt = jax.random.normal(jax.random.key(3), (5, 30), jnp.float64)
+    Xt = draws.normal(jax.random.key(3), (5, 30), jnp.float64)
     precision = X.T @ X / sigma**2 + alpha * jnp.eye(30)
     exact = jnp.einsum("mp,pq,mq->m", Xt, jnp.linalg.inv(precision), Xt)
     assert_close(pst.predictive.linearized(post, Xt)[1][:, 0], exact, rtol=1e-9)
@@ -55,7 +56,7 @@ def test_at_a_full_sketch_it_is_the_lowrank_posterior():
                      sketch_size=P, key=jax.random.key(3), prior_precision=0.5)
     assert int(sk.ggn.top.rank) == 10
     assert_close(sk.ggn.lam, low.ggn.lam, rtol=1e-8)
-    Xt = jax.random.normal(jax.random.key(4), (7, 6), jnp.float64)
+    Xt = draws.normal(jax.random.key(4), (7, 6), jnp.float64)
     assert_close(pst.predictive.linearized(sk, Xt)[1], pst.predictive.linearized(low, Xt)[1], rtol=1e-7)
     assert_close(pst.marginal_log_likelihood(sk), pst.marginal_log_likelihood(low), rtol=1e-10)
     tuned_sk, _ = pst.optimize_prior_precision(sk, num_steps=30)
@@ -71,7 +72,7 @@ def test_with_a_small_sketch_the_variances_are_within_its_error():
     kw = dict(structure="sketched", rank=10, key=jax.random.key(3), prior_precision=0.5)
     full = pst.laplace(fn, params, (X, y), Categorical(), sketch_size=644, **kw)
     small = pst.laplace(fn, params, (X, y), Categorical(), sketch_size=300, **kw)
-    Xt = jax.random.normal(jax.random.key(4), (7, 6), jnp.float64)
+    Xt = draws.normal(jax.random.key(4), (7, 6), jnp.float64)
     v_full, v_small = pst.predictive.linearized(full, Xt)[1], pst.predictive.linearized(small, Xt)[1]
     error = float(jnp.max(jnp.abs(v_small / v_full - 1)))
     assert 1e-6 < error < 3 * np.sqrt(11 / 300), error

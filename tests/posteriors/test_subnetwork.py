@@ -10,6 +10,7 @@ import linops as lo
 import posteriors as pst
 from linops.likelihoods import Categorical, Gaussian
 from linops.models import from_equinox, ravel, restrict
+from tests import _draws as draws
 from tests.posteriors._shared import dense_ggn
 
 from ..linops._util import assert_close
@@ -21,7 +22,7 @@ def _mlp(activation=jnp.tanh, seed=0):
 
 
 def _data(n=30, seed=1):
-    X = jax.random.normal(jax.random.key(seed), (n, 2), jnp.float64)
+    X = draws.normal(jax.random.key(seed), (n, 2), jnp.float64)
     return X, (X[:, 0] > 0).astype(jnp.int32)
 
 
@@ -50,7 +51,7 @@ def test_all_parameters_reproduce_full_laplace_and_a_subset_the_dense_restrictio
     full_post = pst.laplace(fn, params, (X, y), Categorical(), structure="full", prior_precision=2.0)
     assert_close(sub_post.covariance.as_matrix(), full_post.covariance.as_matrix(), rtol=1e-10)
     assert_close(pst.marginal_log_likelihood(sub_post), pst.marginal_log_likelihood(full_post), rtol=1e-12)
-    T = jax.random.normal(jax.random.key(5), (4, 2), jnp.float64)
+    T = draws.normal(jax.random.key(5), (4, 2), jnp.float64)
     assert_close(pst.predictive.linearized(sub_post, T)[1], pst.predictive.linearized(full_post, T)[1], rtol=1e-10)
 
     idx = np.array([1, 7, 8, 30, 44, 60, 62])
@@ -79,7 +80,7 @@ def test_dead_relu_weights_are_chosen_by_diagonal_laplace_but_not_by_swag():
     fn, params = _mlp(activation=jax.nn.relu, seed=3)
     dead = 2  # hidden unit 2 of the first layer never fires: a large negative bias
     params = eqx.tree_at(lambda p: p.layers[0].bias, params, params.layers[0].bias.at[dead].set(-100.0))
-    X = jax.random.normal(jax.random.key(4), (64, 2), jnp.float64)
+    X = draws.normal(jax.random.key(4), (64, 2), jnp.float64)
     Y = jnp.sin(X[:, :1]) + 0.1 * X[:, 1:]
     Y = jnp.concatenate([Y, -Y], axis=1)
     dead_in = [dead * 2, dead * 2 + 1]  # its incoming weights: layers[0].weight[dead, :] in row-major order

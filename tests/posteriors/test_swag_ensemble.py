@@ -8,6 +8,7 @@ import pytest
 
 import posteriors as pst
 from linops.likelihoods import Categorical, Gaussian
+from tests import _draws as draws
 from tests.linops._util import assert_close
 
 SIGMA, ALPHA = 0.7, 2.0
@@ -16,8 +17,8 @@ SIGMA, ALPHA = 0.7, 2.0
 def _linear_problem(n=12, d=3, o=2, seed=0):
     """A linear Gaussian model with several inputs and outputs: fn(W, x) = x W, W of shape (d, o)."""
     kx, kw = jax.random.split(jax.random.key(seed))
-    X = jax.random.normal(kx, (n, d), jnp.float64)
-    W_true = jax.random.normal(kw, (d, o), jnp.float64)
+    X = draws.normal(kx, (n, d), jnp.float64)
+    W_true = draws.normal(kw, (d, o), jnp.float64)
     Y = X @ W_true + 0.3 * jnp.sin(3 * X[:, :o])
     return (lambda W, x: x @ W), W_true * 0.5, X, Y
 
@@ -107,7 +108,7 @@ def test_swag_refuses_bad_settings_before_any_step(kwargs, match):
 
 def _members(seed=0, m=3):
     keys = jax.random.split(jax.random.key(seed), m)
-    return [jax.random.normal(k, (3, 4), jnp.float64) for k in keys]
+    return [draws.normal(k, (3, 4), jnp.float64) for k in keys]
 
 
 def test_an_ensemble_has_the_mixtures_moments_and_predictive():
@@ -117,7 +118,7 @@ def test_an_ensemble_has_the_mixtures_moments_and_predictive():
     flat = np.stack([np.asarray(m).reshape(-1) for m in members])
     assert_close(ens.mean, flat.mean(axis=0), rtol=1e-12)
     assert_close(ens.covariance.as_matrix(), np.cov(flat.T, bias=True), rtol=1e-10, atol=1e-14)
-    X = jax.random.normal(jax.random.key(9), (5, 3), jnp.float64)
+    X = draws.normal(jax.random.key(9), (5, 3), jnp.float64)
     logits = np.stack([np.asarray(X @ m) for m in members])  # (M, N, K)
     softmax = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
     probs = pst.predictive.classification(ens, X)
@@ -158,7 +159,7 @@ def test_an_ensemble_samples_its_members_and_has_no_linearisation():
 
 def test_deep_ensemble_trains_independent_members():
     fn, _, X, Y = _linear_problem(n=40)
-    init = lambda k: jax.random.normal(k, (3, 2), jnp.float64)  # noqa: E731
+    init = lambda k: draws.normal(k, (3, 2), jnp.float64)  # noqa: E731
     # a strictly convex problem: every member, from its own start, reaches the one minimiser (ridge regression)
     ens = pst.deep_ensemble(fn, init, (X, Y), Gaussian(SIGMA), key=jax.random.key(0), num_members=3, num_steps=3000,
                             learning_rate=0.05, batch_size=40, prior_precision=ALPHA, progress=False)
@@ -195,8 +196,8 @@ def test_a_convolutional_ensemble_trains_its_members_in_turn_on_cpu_and_gets_the
     rng = np.random.default_rng(3)
     X = jnp.asarray(rng.standard_normal((24, 5, 5)))
     Y = jnp.asarray(rng.integers(0, 3, 24))
-    init = lambda k: {"K": 0.3 * jax.random.normal(k, (2, 1, 3, 3), jnp.float64),  # noqa: E731
-                      "W": 0.1 * jax.random.normal(jax.random.fold_in(k, 1), (3, 50), jnp.float64)}
+    init = lambda k: {"K": 0.3 * draws.normal(k, (2, 1, 3, 3), jnp.float64),  # noqa: E731
+                      "W": 0.1 * draws.normal(jax.random.fold_in(k, 1), (3, 50), jnp.float64)}
     loss = lambda theta, idx: jnp.sum(theta**2)  # noqa: E731
     assert ensemble._members_in_turn(lambda t, i: jnp.sum(jax.vmap(fn, (None, 0))(
         {"K": t[:18].reshape(2, 1, 3, 3), "W": t[18:].reshape(3, 50)}, X[i])), jnp.zeros(168), 4)
@@ -242,7 +243,7 @@ def test_swag_and_the_ensemble_trace_under_jit_and_eval_shape():
     assert shapes.variance.shape == eager.variance.shape and shapes.deviations.shape == eager.deviations.shape
 
     def fit_ensemble(w):
-        init = lambda k: w + 0.1 * jax.random.normal(k, w.shape)  # noqa: E731
+        init = lambda k: w + 0.1 * draws.normal(k, w.shape)  # noqa: E731
         return pst.deep_ensemble(fn, init, (X, Y), Gaussian(1.0), key=jax.random.key(2), num_members=2, num_steps=5,
                                  batch_size=4, progress=False)
 

@@ -11,13 +11,14 @@ import pytest
 from linops.likelihoods import Gaussian
 from posteriors.experiments import training
 from posteriors.experiments.training import train, train_map
+from tests import _draws as draws
 
 
 def _regression(n=40, d=3, k=2, seed=0):
     kx, kw, ke = jax.random.split(jax.random.key(seed), 3)
-    X = jax.random.normal(kx, (n, d))
-    W = jax.random.normal(kw, (d, k))
-    return X, X @ W + 0.3 * jax.random.normal(ke, (n, k))
+    X = draws.normal(kx, (n, d))
+    W = draws.normal(kw, (d, k))
+    return X, X @ W + 0.3 * draws.normal(ke, (n, k))
 
 
 def test_train_map_reaches_the_closed_form_map_of_bayesian_linear_regression():
@@ -41,7 +42,7 @@ def test_full_batch_train_map_takes_the_steps_of_a_plain_adam_scan():
     X, Y = _regression(seed=1)
     lik, alpha = Gaussian(0.5), 1.0
     fn = lambda p, x: jnp.tanh(x @ p["W"])  # noqa: E731
-    W0 = 0.1 * jax.random.normal(jax.random.key(2), (3, 2))
+    W0 = 0.1 * draws.normal(jax.random.key(2), (3, 2))
 
     def loss(w):
         out = jax.vmap(fn, in_axes=(None, 0))({"W": w}, X)

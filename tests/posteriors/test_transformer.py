@@ -19,6 +19,7 @@ from posteriors.experiments.transformer import (
     windows,
 )
 from posteriors.weights import path_string
+from tests import _draws as draws
 
 from ..linops._util import assert_close
 
@@ -44,7 +45,7 @@ def test_lora_adds_the_scaled_low_rank_product_to_the_adapted_kernels():
     fn_l, params_l = add_lora(fn, params, jax.random.key(1), rank=2, alpha=6.0, targets=("query", "out"))
     x = jnp.arange(8, dtype=jnp.int32)
     assert_close(fn_l(params_l, x), fn(params, x))  # B = 0 at first
-    B = jax.random.normal(jax.random.key(2), (2, 16))
+    B = draws.normal(jax.random.key(2), (2, 16))
     blocks = [{**b, "query": {**b["query"], "lora_b": B}, "out": {**b["out"], "lora_b": -B}}
               for b in params_l["blocks"]]
     adapted = {**params_l, "blocks": blocks}

@@ -15,6 +15,7 @@ import pytest
 import posteriors as pst
 from linops.likelihoods import Gaussian
 from linops.models import from_equinox, ravel
+from tests import _draws as draws
 from tests.posteriors._shared import dense_ggn
 
 from ..linops._util import assert_close
@@ -25,7 +26,7 @@ SIGMA, ALPHA = 0.5, 0.7
 def _problem():
     fn, params = from_equinox(eqx.nn.MLP(3, 2, 5, 1, activation=jnp.tanh, key=jax.random.key(0)))
     params = jax.tree_util.tree_map(lambda a: a.astype(jnp.float64), params)
-    X = jax.random.normal(jax.random.key(1), (30, 3), jnp.float64)
+    X = draws.normal(jax.random.key(1), (30, 3), jnp.float64)
     Y = jnp.stack([jnp.sin(X[:, 0]), X[:, 1] * X[:, 2]], axis=1)
     return fn, params, (X, Y)
 
