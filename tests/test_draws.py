@@ -37,3 +37,6 @@ def test_the_librarys_flat_draws_equal_jax_randoms_shaped_draws(dtype):
     for shape in [(1,), (6, 7), (3, 4, 5)]:
         for draw, args in [(jax.random.normal, ()), (jax.random.uniform, (-1.0, 2.0)), (jax.random.rademacher, ())]:
             np.testing.assert_array_equal(flat_draw(draw, key, shape, dtype, *args), draw(key, shape, dtype, *args))
+    np.testing.assert_array_equal(flat_draw(jax.random.normal, key, 5, dtype), jax.random.normal(key, 5, dtype))
+    np.testing.assert_array_equal(flat_draw(jax.random.normal, key, np.int64(5), dtype),
+                                  jax.random.normal(key, (5,), dtype))

@@ -25,5 +25,5 @@ def flat_draw(draw, key, shape, *args, **kwargs) -> jax.Array:
         >>> z.shape, bool((z == jax.random.normal(key, (3, 4))).all())
         ((3, 4), True)
     """
-    shape = tuple(shape)
+    shape = (shape,) if isinstance(shape, int) or getattr(shape, "ndim", None) == 0 else tuple(shape)  # as jax.random
     return draw(key, (math.prod(shape),), *args, **kwargs).reshape(shape)
