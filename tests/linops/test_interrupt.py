@@ -23,7 +23,6 @@ faulthandler.dump_traceback_later(240, exit=True)   # a hang ends by printing wh
 # handler; so does this process.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 import jax, jax.numpy as jnp
-from tests import _draws as draws
 def interrupt_when_running():
     from linops.runtime import _progress
     def watch():
@@ -59,11 +58,11 @@ import equinox as eqx
 import linops as lo
 from linops.models import from_equinox
 fn, params = from_equinox(eqx.nn.MLP(64, 4, 64, 2, key=jax.random.key(0)))
-X = draws.normal(jax.random.key(1), (200, 64))
+X = jax.random.normal(jax.random.key(1), (200, 64))
 A = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4, max_sweeps=10**8, rtol=1e-30,
                                              method="plain", progress=True)
 interrupt_when_running()
-run(lambda: A.project(draws.normal(jax.random.key(2), (A.shape[0],))).value.block_until_ready())
+run(lambda: A.project(jax.random.normal(jax.random.key(2), (A.shape[0],))).value.block_until_ready())
 print("AFTER", float(jnp.sum(jnp.ones(3))))   # the process goes on working
 """
 

@@ -30,9 +30,9 @@ SCRIPT = textwrap.dedent("""
     fn, params = lo.models.from_equinox(eqx.nn.MLP(784, classes, width, 2, activation=jnp.tanh,
                                                    key=jax.random.key(0)))
     P = lo.models.ravel(params)[0].size
-    X = draws.normal(jax.random.key(1), (max(train, 1), 784))
+    X = jax.random.normal(jax.random.key(1), (max(train, 1), 784))
     y = jnp.arange(max(train, 1)) % classes
-    Xt = draws.normal(jax.random.key(2), (tests, 784))
+    Xt = jax.random.normal(jax.random.key(2), (tests, 784))
     out = {"P": int(P)}
     for structure in sys.argv[5:]:
         if train:
