@@ -38,11 +38,11 @@ def _flat_then_shaped(draw, key, shape, dtype, *args):
 
 
 def normal(key, shape=(), dtype=None):
-    """``draws.normal(key, shape, dtype)``, compiled once per length class."""
+    """``jax.random.normal(key, shape, dtype)``, compiled once per length class."""
     return _flat_then_shaped(jax.random.normal, key, shape, dtype)
 
 
 def uniform(key, shape=(), dtype=None, minval=0.0, maxval=1.0):
-    """``draws.uniform(key, shape, dtype, minval, maxval)``, compiled once per length class (the bounds as
+    """``jax.random.uniform(key, shape, dtype, minval, maxval)``, compiled once per length class (the bounds as
     Python numbers)."""
     return _flat_then_shaped(jax.random.uniform, key, shape, dtype, minval, maxval)
