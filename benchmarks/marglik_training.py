@@ -24,7 +24,7 @@ its default); each posterior's predictive is also scored under the Laplace bridg
 Carlo average over linearised draws, which approximates nothing but the link's integral. ECE with 15 bins.
 Times are wall seconds of the whole call, compilation included (how a user meets it).
 
-Run:  python benchmarks/marglik_training.py            # full run (about 10 minutes on 2 cores)
+Run:  python benchmarks/marglik_training.py            # full run (about 24 minutes on 2 cores)
       python benchmarks/marglik_training.py --quick    # smoke run
 """
 
