@@ -231,9 +231,9 @@ def _swag_tuned(fn, params, data, lik, validation, log, bars, shift=0, grid=SWAG
 
 
 SMOKE_SWAG_GRID = ((1e-2, 3e-4), (1e-3, 3e-3))
-"""The ``--smoke`` size's two SWAG candidates (the projected paper's fixed pair and a smaller step): the search
-runs, with two of the twelve SGD runs of `SWAG_GRID` (at ``--smoke`` on 2 cores they took 106 s of the command's
-290 s for this part)."""
+"""The ``--smoke`` size's two SWAG candidates (the projected paper's fixed pair, and a smaller step with more
+weight decay): the search runs, with two of the twelve SGD runs of `SWAG_GRID` (at ``--smoke`` on 2 cores they
+took 106 s of the command's 290 s for this part)."""
 
 
 def _swag_probs(fn, post, X, shift=0):
