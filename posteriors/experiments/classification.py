@@ -36,6 +36,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 import posteriors as pst
 from linops.kernels import RBF
@@ -67,6 +68,7 @@ class Config:
     depth: int = 2
     steps: int = 3000
     learning_rate: float = 3e-3
+    cosine_decay: bool = False            # the MAP's Adam learning rate decays to 0 over its steps (cosine)
     batch_size: int = 128
     prior_precision: float = 1.0          # the MAP's (and the ensemble members') Gaussian prior
     num_samples: int = 100
@@ -376,8 +378,9 @@ def run(cfg: Config, out: Path, log: Log, *, name: str = "classification", shift
     fn, params = build_model(cfg, side, K, jax.random.key(cfg.seed + 1))
     init = lambda k: build_model(cfg, side, K, k)[1]  # noqa: E731  (the ensemble's members)
     t0 = time.perf_counter()
+    lr = optax.cosine_decay_schedule(cfg.learning_rate, cfg.steps) if cfg.cosine_decay else cfg.learning_rate
     params, _ = train_map(fn, params, X, y, Categorical(), cfg.prior_precision, steps=cfg.steps,
-                       learning_rate=cfg.learning_rate, key=jax.random.key(cfg.seed + 2), batch_size=cfg.batch_size,
+                       learning_rate=lr, key=jax.random.key(cfg.seed + 2), batch_size=cfg.batch_size,
                        log=log, label="MAP training")
     train_s = time.perf_counter() - t0
     P = int(ravel(params)[0].shape[0])
@@ -460,8 +463,9 @@ def _notes(cfg, n_train, K, P, train_s, info) -> list[str]:
            "resnet": "ResNet (GroupNorm)"}[cfg.architecture]
     kinds = {label: i.get("predictive") for label, i in info.items()}
     notes = [f"{cfg.dataset}: train on classes {list(cfg.in_classes)} ({n_train} images), {net}, {K} outputs, {P} "
-             f"parameters; MAP by Adam ({cfg.steps} steps of {cfg.batch_size}, learning rate {cfg.learning_rate}, "
-             f"prior precision {cfg.prior_precision}) in {train_s:.1f}s.",
+             f"parameters; MAP by Adam ({cfg.steps} steps of {cfg.batch_size}, learning rate {cfg.learning_rate}"
+             f"{' decaying to 0 (cosine)' if cfg.cosine_decay else ''}, prior precision {cfg.prior_precision}) "
+             f"in {train_s:.1f}s.",
              f"Predictives ({cfg.num_samples} samples): " + ", ".join(f"{k}: {v}" for k, v in kinds.items() if v) +
              ". OOD score = largest logit variance (MAP: 1 - max softmax).",
              ("Laplace family: prior precision by validation NLL over " + ", ".join(f"{a:g}" for a in cfg.prior_grid)

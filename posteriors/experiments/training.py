@@ -32,7 +32,7 @@ from linops.runtime import canonical_convolutions
 from posteriors._training import positive_int
 
 
-def train(objective: Callable, params, data, *, steps: int, learning_rate: float | None = None,
+def train(objective: Callable, params, data, *, steps: int, learning_rate: float | optax.Schedule | None = None,
           optimizer: optax.GradientTransformation | None = None, key: jax.Array | None = None,
           batch_size: int | None = None, chunks: int = 10, budget_s: float | None = None, log=None,
           label: str = "training"):
@@ -44,7 +44,7 @@ def train(objective: Callable, params, data, *, steps: int, learning_rate: float
         params: the starting parameters, any pytree of arrays.
         data: ``(X, Y)``, examples along the leading axis.
         steps: how many Adam steps at the most.
-        learning_rate: Adam's.
+        learning_rate: Adam's, a number or an optax schedule of the step.
         optimizer: an optax optimizer instead of Adam (give one of ``learning_rate`` and ``optimizer``).
         key: the steps' keys; may be ``None`` only for full-batch training of an objective that draws nothing.
         batch_size: examples per step, drawn without replacement from all of them (``jax.random.choice`` of the
@@ -115,7 +115,8 @@ def train(objective: Callable, params, data, *, steps: int, learning_rate: float
     return params, record
 
 
-def train_map(fn: Callable, params, X, Y, likelihood, prior_precision, *, steps: int, learning_rate: float,
+def train_map(fn: Callable, params, X, Y, likelihood, prior_precision, *, steps: int,
+              learning_rate: float | optax.Schedule,
               key: jax.Array | None = None, batch_size: int | None = None, chunks: int = 10,
               budget_s: float | None = None, log=None, label: str = "training"):
     """The MAP of a network: `train` on its negative log posterior, ``(params, record)``.

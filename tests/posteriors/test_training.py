@@ -37,8 +37,10 @@ def test_train_map_reaches_the_closed_form_map_of_bayesian_linear_regression():
     assert record["objectives"][-1] < record["objectives"][0]
 
 
-def test_full_batch_train_map_takes_the_steps_of_a_plain_adam_scan():
-    # the loop the notebooks carried before they used train_map: identical steps, to float rounding
+@pytest.mark.parametrize("lr", [1e-2, optax.cosine_decay_schedule(1e-2, 250)], ids=["constant", "cosine"])
+def test_full_batch_train_map_takes_the_steps_of_a_plain_adam_scan(lr):
+    # the loop the notebooks carried before they used train_map: identical steps, to float rounding; a schedule's
+    # step count runs on across the jitted chunks (the ResNet's MAP of `projected` decays its rate so)
     X, Y = _regression(seed=1)
     lik, alpha = Gaussian(0.5), 1.0
     fn = lambda p, x: jnp.tanh(x @ p["W"])  # noqa: E731
@@ -48,7 +50,7 @@ def test_full_batch_train_map_takes_the_steps_of_a_plain_adam_scan():
         out = jax.vmap(fn, in_axes=(None, 0))({"W": w}, X)
         return jnp.sum(jax.vmap(lik.nll)(out, Y)) + 0.5 * alpha * jnp.sum(w**2)
 
-    opt = optax.adam(1e-2)
+    opt = optax.adam(lr)
 
     def step(carry, _):
         w, state = carry
@@ -57,7 +59,7 @@ def test_full_batch_train_map_takes_the_steps_of_a_plain_adam_scan():
         return (optax.apply_updates(w, updates), state), value
 
     (w_ref, _), values = jax.lax.scan(step, (W0, opt.init(W0)), None, length=250)
-    params, record = train_map(fn, {"W": W0}, X, Y, lik, alpha, steps=250, learning_rate=1e-2, chunks=3)
+    params, record = train_map(fn, {"W": W0}, X, Y, lik, alpha, steps=250, learning_rate=lr, chunks=3)
     np.testing.assert_allclose(params["W"], w_ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(record["objectives"], values, rtol=1e-5)
 
