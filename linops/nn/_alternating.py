@@ -116,7 +116,8 @@ class AlternatingProjectionOp(LinearOperator):
             is symmetric PSD with eigenvalue 1 exactly on $\ker M_d \supseteq \ker M$, so $\bar T$ is too,
             with eigenvalue 1 exactly on $\ker M$, and CG converges to the same projector; but a product of
             projectors depends on its order and an average of shorter products contracts less than the full
-            product, so it takes more sweeps, each costing $1/D$ of one (`benchmarks/scaling.py` measures both).
+            product, so it takes more sweeps, each costing $1/D$ of one (`benchmarks/scaling.py` measures both),
+            and on an ill-conditioned problem it may stop short of the tolerance (reported as not converged).
         precision: of every product and convolution the projector traces (set-up, the network's passes, sweeps),
             as `jax.default_matmul_precision` takes it: ``"highest"`` (default; full float32) or None (whatever is
             in effect). A GPU's default float32 products are TF32, on which CG stalls (`docs/methods/projected.md`:

@@ -240,22 +240,26 @@ def test_split_sweeps_converge_to_the_same_projection(devices):
     if jax.device_count() < devices:
         pytest.skip(f"needs {devices} devices")
     fn, params, X, _, v = _problem(Gaussian(1.0))
-    X = X[:20]
+    # 5 batches of 2 examples (20 rows for 80 weights): they do not split evenly over 2 or 4 devices. The 40-row
+    # problem of the test above is too ill-conditioned for the averaged sweep: on 4 devices (pairs of batches)
+    # I - T has eigenvalues down to 6.7e-8 (condition 1.5e7), CG levels off at a relative residual of 1.5e-9 and
+    # stops unconverged (reported as such), 1.5e-2 from the projection; here the condition is 3.7e4-6.5e4.
+    X = X[:10]
     mesh = _mesh(jax.devices()[:devices])
     exact = _exact_projection(fn, params, X)
-    one = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4).project(v)
-    # On the stored linearisations. CG on the averaged sweep is sensitive to rounding at this tolerance (float64
-    # rtol 3.7e-11): on the stored rows (the default for this MLP) the sweeps equal these to 9e-16, yet CG stalled
-    # at a relative residual of 5.7e-8 after 180 steps (reported as not converged), where here it converges in 269.
-    split = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4, mesh=mesh, split_sweeps=True,
+    one = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=2).project(v)
+    split = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=2, mesh=mesh, split_sweeps=True,
                                                      store_linearization=True)
-    on_rows = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4, mesh=mesh, split_sweeps=True,
+    on_rows = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=2, mesh=mesh, split_sweeps=True,
                                                        store_linearization="rows")
     assert on_rows.storage == "rows"
     assert_close(on_rows.symmetric_sweep(v), split.symmetric_sweep(v), atol=1e-12)
     r = split.project(v)
     assert bool(r.converged)
-    assert_close(r.value, exact @ v, atol=1e-5)
+    assert_close(r.value, exact @ v, atol=1e-7)
+    r_rows = on_rows.project(v)
+    assert bool(r_rows.converged)
+    assert_close(r_rows.value, exact @ v, atol=1e-7)
     # the averaged sweep contracts less than the full product: more sweeps for the same tolerance
     assert int(r.sweeps) > int(one.sweeps)
     # the averaged symmetric sweep is symmetric, and fixes the kernel exactly
@@ -263,9 +267,9 @@ def test_split_sweeps_converge_to_the_same_projection(devices):
     assert_close(u @ split.symmetric_sweep(v), v @ split.symmetric_sweep(u), rtol=1e-10)
     assert_close(split.symmetric_sweep(exact @ v), exact @ v, atol=1e-10)
     # the plain method on split sweeps is the averaged product of each device's batches
-    plain = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=4, mesh=mesh, split_sweeps=True,
+    plain = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=2, mesh=mesh, split_sweeps=True,
                                                      method="plain")
-    Q = [lo.ProjectorOp.onto_null_space(lo.JacobianOp(fn, params, X[4 * b: 4 * b + 4]).as_matrix()) for b in range(5)]
+    Q = [lo.ProjectorOp.onto_null_space(lo.JacobianOp(fn, params, X[2 * b: 2 * b + 2]).as_matrix()) for b in range(5)]
     per_device = -(-5 // devices)
     idx = np.minimum(np.arange(per_device * devices), 4).reshape(devices, per_device)
     expected = 0.0
