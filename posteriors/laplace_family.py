@@ -328,12 +328,13 @@ def _laplace(fn, params, data, likelihood, *, structure, subset_of_weights, prio
     X, Y = data
     weights = W.select(subset_of_weights, params, fn=fn, x=example_spec(X), last_layer_name=last_layer, who=who)
     fit_fn, fit_params = weights.restrict(fn, params)
-    lo.GGNOp(fit_fn, fit_params, X, Y, likelihood, batch_size=batch_size, mesh=mesh)  # checks the data, eagerly
+    # checks the data, eagerly (on the whole model: the same outputs, and its shapes are traced once, not per call)
+    lo.GGNOp(fn, params, X, Y, likelihood, batch_size=batch_size, mesh=mesh)
     cls = S.REGISTRY[structure]
     alpha = canonical_prior(prior_precision, params, weights, cls, who=who)
     _plan_devices(params, fit_params, structure, rank, num_steps, num_points, X, who)
     if curvature == "ggn" and structure in ("full", "diag", "kfac"):
-        _plan_factor_rows(fit_fn, fit_params, X, likelihood, who)
+        _plan_factor_rows(fn, params, fit_params, X, likelihood, who)
     if curvature == "fisher" and type(likelihood).sample is Likelihood.sample:
         raise ValueError(f"{who}(curvature='fisher'): a {type(likelihood).__name__} likelihood cannot draw targets "
                          "(it has no sample(key, f, n))")
@@ -396,11 +397,11 @@ MANY_ROWS = 1024
 """Factor rows per example above which an exact GGN fit warns (one reverse pass per row)."""
 
 
-def _plan_factor_rows(fit_fn, fit_params, X, likelihood, who):
+def _plan_factor_rows(fn, params, fit_params, X, likelihood, who):
     """The exact GGN's cost per example, one reverse pass per row of the likelihood's Hessian factor: refused before
     any work when one example's factor and its rows' gradients cannot fit, and said when there are more than
     `MANY_ROWS` rows per example (a vocabulary at every position: ``T x V``), with the unbiased alternative."""
-    num_outputs = jax.eval_shape(fit_fn, fit_params, example_spec(X)).shape[0]
+    num_outputs = jax.eval_shape(fn, params, example_spec(X)).shape[0]  # the restricted model's too
     rows = likelihood.factor_rows(num_outputs)
     if rows <= MANY_ROWS:
         return

@@ -53,6 +53,8 @@ import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 
+from linops.runtime._memo import memo
+
 
 class Layer(NamedTuple):
     """One recognised layer. ``acts(a) -> (G, in, R)`` and ``grads(g) -> (G, out, R)`` turn the raw activation
@@ -437,9 +439,12 @@ def trace_layers(fn, params, x):
         >>> layers[0].acts(jnp.arange(3.0)).shape                    # (groups, in, positions)
         (1, 3, 1)
     """
-    closed, leaves = _flat_program(fn, params, x)
-    layers, tapped = tapped_layers(closed, len(leaves))
-    return layers, tapped, leaves
+    def build():
+        closed, leaves = _flat_program(fn, params, x)
+        return tapped_layers(closed, len(leaves))
+
+    layers, tapped = memo("layers", fn, (params, x), build)  # once per model and shapes
+    return layers, tapped, jax.tree_util.tree_leaves(params)
 
 
 def _flat_program(fn, params, x):
@@ -452,8 +457,11 @@ def _flat_program(fn, params, x):
         return fn(jax.tree_util.tree_unflatten(treedef, args[: len(leaves)]),
                   jax.tree_util.tree_unflatten(x_tree, args[len(leaves):]))
 
-    with jax.disable_jit():
-        return jax.make_jaxpr(flat_fn)(*leaves, *x_leaves), leaves
+    def build():
+        with jax.disable_jit():
+            return jax.make_jaxpr(flat_fn)(*leaves, *x_leaves)
+
+    return memo("program", fn, (params, x), build), leaves
 
 
 def tapped_vjp(layers, tapped, leaves, others, x):
