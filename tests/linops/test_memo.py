@@ -30,19 +30,31 @@ def test_built_once_per_function_and_shapes_never_per_value():
     assert _memo.memo("k", lambda p, x: p * x, (jnp.ones(3), 1.0), build) == 6  # another function
 
 
+class _OnlyHere(eqx.Module):
+    """A model class of this test alone: no model of another test in the session compares equal to it."""
+
+    mlp: eqx.nn.MLP
+
+    def __call__(self, x):
+        return self.mlp(x)
+
+
+def _only_here(seed):
+    return from_equinox(_OnlyHere(eqx.nn.MLP(3, 2, 4, 1, key=jax.random.key(seed))))
+
+
 def test_an_equal_model_wrapped_again_shares_its_entries_and_a_dead_one_leaves_none():
-    module = eqx.nn.MLP(3, 2, 4, 1, key=jax.random.key(0))
-    fn, params = from_equinox(module)
-    again, params2 = from_equinox(eqx.nn.MLP(3, 2, 4, 1, key=jax.random.key(1)))
-    assert fn == again
+    fn, params = _only_here(0)
+    again, params2 = _only_here(1)
+    assert fn == again and fn not in _memo._entries
     built, build = _counting()
     _memo.memo("k", fn, (params, jnp.ones(3)), build)
     _memo.memo("k", again, (params2, jnp.ones(3)), build)
-    assert built == [1]
-    before = len(_memo._entries)
+    assert built == [1] and again in _memo._entries
     del fn, again
     gc.collect()
-    assert len(_memo._entries) == before - 1
+    third, _ = _only_here(2)
+    assert third not in _memo._entries  # the entry died with the models it was made for
 
 
 def test_an_unhashable_function_is_traced_every_time_and_entries_are_bounded():
