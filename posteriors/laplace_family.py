@@ -327,7 +327,7 @@ def _laplace(fn, params, data, likelihood, *, structure, subset_of_weights, prio
     check_targets(fn, params, data, likelihood, who)  # in laplace's name (shapes only: nothing compiles)
     X, Y = data
     weights = W.select(subset_of_weights, params, fn=fn, x=example_spec(X), last_layer_name=last_layer, who=who)
-    fit_fn, fit_params = weights.restrict(fn, params)
+    fit_params = weights.restrict(fn, params)[1]  # the selected weights (their count plans the fit)
     # checks the data, eagerly (on the whole model: the same outputs, and its shapes are traced once, not per call)
     lo.GGNOp(fn, params, X, Y, likelihood, batch_size=batch_size, mesh=mesh)
     cls = S.REGISTRY[structure]
