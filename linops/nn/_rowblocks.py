@@ -50,9 +50,11 @@ from linops.memory import MemoryBudgetError, available_bytes, check_fits
 from linops.nn._rowsources import RowSource
 from linops.runtime._batching import check_mesh, leaf_specs
 from linops.runtime._conv_layout import canonical_convolutions
+from linops.runtime._memo import memo
 
 _WHO = "AlternatingProjectionOp"
-_ROWS = "rows"  # the recipe of row storage (else a linearisation's recipe, or None: recomputed)
+_ROWS = "rows"  # what products run on: the stored rows, the stored linearisation's arrays, or None (recomputed)
+_LINEARIZATION = "linearization"
 
 
 class RowBlocks(eqx.Module):
@@ -73,7 +75,7 @@ class RowBlocks(eqx.Module):
     backward: Callable = eqx.field(static=True)
     to_tree: Callable = eqx.field(static=True)
     to_flat: Callable = eqx.field(static=True)
-    recipe: object = eqx.field(static=True)
+    store: str | None = eqx.field(static=True)  # "rows", "linearization" or None (recomputed)
     size: int = eqx.field(static=True)
     dtype: np.dtype = eqx.field(static=True)
     mesh: object = eqx.field(static=True)
@@ -110,20 +112,12 @@ class RowBlocks(eqx.Module):
             data = jax.tree_util.tree_map(lambda a: a[idx], data)
         batches = jax.tree_util.tree_leaves(data)[0].shape[0] // devices  # per device
 
-        def linearize(data_b):
-            return _linearize_batch(rows.forward, rows.to_tree, rows.size, rows.dtype, rows.params, data_b)
-
-        traced = {}
-
-        def per_batch_bytes():  # traced abstractly (no work); the recipe is static, the same for every batch
-            def trace(data_b):
-                stored, traced["recipe"] = linearize(data_b)
-                return stored
-
-            stored = jax.eval_shape(trace, jax.tree_util.tree_map(lambda a: a[0], data))
-            return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in stored)
-
         first = jax.tree_util.tree_map(lambda a: a[0], data)
+
+        def per_batch_bytes():  # an abstract trace (no work), once per model, shapes and layout while it lives
+            return memo(("linearization bytes", rows.to_tree, int(rows.size), np.dtype(rows.dtype)), rows.forward,
+                        (rows.params, first), lambda: _linearization_bytes(rows, first))
+
         by_products = _gram_by_products(rows, first)
         store = _plan_memory(rows, batches, store_linearization, per_batch_bytes, mesh is not None,
                              rows_cheaper=not by_products, row_dtype=row_dtype)
@@ -140,10 +134,8 @@ class RowBlocks(eqx.Module):
                                     in_specs=(leaf_specs(data, split),), out_specs=split, check_vma=False)(data)
             W, stored, traces = jax.device_put(sharded, NamedSharding(mesh, split))
             data = jax.device_put(data, NamedSharding(mesh, split))
-        # the linearisation's recipe traced above (outside any mesh), or the rows' marker
-        recipe = {_ROWS: _ROWS, "linearization": traced.get("recipe"), None: None}[store]
         return cls(rows.params, data, W, stored, traces, rows.forward, rows.backward, rows.to_tree, rows.to_flat,
-                   recipe, int(rows.size), np.dtype(rows.dtype), mesh, axis, row_dtype)
+                   store, int(rows.size), np.dtype(rows.dtype), mesh, axis, row_dtype)
 
     @property
     def num_batches(self) -> int:
@@ -153,12 +145,12 @@ class RowBlocks(eqx.Module):
     @property
     def stores_linearization(self) -> bool:
         """Whether products use stored per-batch linearisations or rows (else they recompute the forward)."""
-        return self.recipe is not None
+        return self.store is not None
 
     @property
     def storage(self) -> str:
         """What products run on: ``"rows"``, ``"linearization"`` or ``"none"`` (the forward pass recomputed)."""
-        return "none" if self.recipe is None else _ROWS if self.recipe == _ROWS else "linearization"
+        return "none" if self.store is None else self.store
 
     def batches(self):
         """``(data, W, stored)``: what a `lax.scan` over the batches runs over."""
@@ -166,16 +158,17 @@ class RowBlocks(eqx.Module):
 
     def linear(self, data_b, stored_b):
         """The batch's linear map ``t -> M_b t`` (stored, or recomputed from the forward pass)."""
-        if self.recipe is None:
+        if self.store is None:
             return lambda t: self.forward(self.params, data_b, t)
-        if self.recipe == _ROWS:  # stored_b: the rows, leaf by leaf ((R, *leaf shape), in t's leaf order)
+        if self.store == _ROWS:  # stored_b: the rows, leaf by leaf ((R, *leaf shape), in t's leaf order)
             if self.row_dtype is None:
                 return lambda t: sum(r.reshape(r.shape[0], -1) @ leaf.reshape(-1)
                                      for r, leaf in zip(stored_b, jax.tree_util.tree_leaves(t), strict=True))
             *narrow, scale = stored_b  # rows scaled by 2^-e, and 2^e per row; the products in t's dtype
             return lambda t: scale * sum(r.reshape(r.shape[0], -1).astype(leaf.dtype) @ leaf.reshape(-1)
                                          for r, leaf in zip(narrow, jax.tree_util.tree_leaves(t), strict=True))
-        return _rebuild(self.recipe, self.params, data_b, stored_b)
+        return _rebuild(_recipe(self.forward, self.to_tree, self.size, self.dtype, self.params, data_b), self.params,
+                        data_b, stored_b)
 
     def project_out(self, t, batch):
         r"""$Q_b t = t - M_b^\top W_b^\top W_b M_b t$ for one ``batch`` ``(data_b, W_b, stored_b)``, ``t`` a pytree."""
@@ -183,7 +176,7 @@ class RowBlocks(eqx.Module):
         linear = self.linear(data_b, stored_b)
         u = linear(t)
         c = W_b.T @ (W_b @ u)
-        if self.recipe is None:
+        if self.store is None:
             g = self.backward(self.params, data_b, c)
         else:
             g = jax.linear_transpose(linear, t)(c.astype(u.dtype))[0]
@@ -258,6 +251,28 @@ def _narrow_rows(leaves, row_dtype, dtype):
     return narrow + (scale,), [expand(scale, a) * n.astype(dtype) for a, n in zip(leaves, narrow, strict=True)]
 
 
+def _linearization_bytes(rows: RowSource, data_b) -> int:
+    """The bytes of one batch's stored linearisation (an abstract trace: nothing runs)."""
+    stored = jax.eval_shape(lambda p, d: _linearize_batch(rows.forward, rows.to_tree, rows.size, rows.dtype, p, d)[0],
+                            rows.params, data_b)
+    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in stored)
+
+
+def _recipe(forward, to_tree, size, dtype, params, data_b):
+    """How to rebuild a batch's linear map from its stored arrays, read from an abstract trace of the linearisation
+    (nothing runs, and nothing enters the caller's program) wherever a program uses it. A traced recipe holds the
+    linearisation's own program, new at every trace: as static data of the `RowBlocks` it made every fit a new
+    structure, so a refit compiled its projection and predictive again."""
+    box = {}
+
+    def trace(p, d):
+        stored, box["recipe"] = _linearize_batch(forward, to_tree, size, dtype, p, d)
+        return stored
+
+    jax.eval_shape(trace, params, data_b)
+    return box["recipe"]
+
+
 def _linearize_batch(forward, to_tree, size, dtype, params, data_b):
     """`_linearize` of the batch's map ``t -> M_b t``."""
     zeros = to_tree(jnp.zeros(size, dtype))
@@ -278,7 +293,7 @@ def _factor_batches(params, data, plan: _FactorPlan):
             narrow = plan.row_dtype is not None
             kept, used = _narrow_rows(leaves, plan.row_dtype, plan.dtype) if narrow else (leaves, leaves)
             return sum(a.reshape(a.shape[0], -1) @ a.reshape(a.shape[0], -1).T for a in used), kept
-        keep = plan.store == "linearization"
+        keep = plan.store == _LINEARIZATION
         if plan.by_products or keep:
             stored, recipe = _linearize_batch(plan.forward, plan.to_tree, plan.size, plan.dtype, params, data_b)
         if plan.by_products:
@@ -326,10 +341,10 @@ def _plan_memory(rows, batches, store, per_batch_bytes, on_mesh, rows_cheaper, r
             check_fits(total, what, hint)
         except MemoryBudgetError:
             return None
-        return "linearization"
+        return _LINEARIZATION
     check_fits(total, what + " and their stored linearisations",
                hint + ", or store_linearization=False (recompute the forward pass in every sweep)")
-    return "linearization"
+    return _LINEARIZATION
 
 
 def _gram_by_products(rows, data_b) -> bool:

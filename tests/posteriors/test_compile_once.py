@@ -232,12 +232,13 @@ def test_fit_gp_fsp_laplace_and_subnetwork_laplace_compile_once():
 
 
 @pytest.mark.parametrize("loss", [False, True])
-@pytest.mark.parametrize("store", ["rows", False, pytest.param("narrow rows", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("store", ["rows", True, False, pytest.param("narrow rows", marks=pytest.mark.slow)])
 def test_a_projected_posterior_refit_compiles_nothing_and_projects_onto_the_new_kernel(store, loss):
     """The row maps are structural (the model function, not a fresh closure per fit), so building the batches'
     factors and projecting reuse their programs on new weights and data; the cached programs read the new
     arrays: the samples' deviations lie in the kernel of the new Jacobian, not the old one's. The same with the
-    rows kept in a narrower dtype (float32 for these float64 weights)."""
+    rows kept in a narrower dtype (float32 for these float64 weights), and with the linearisations stored (True),
+    whose recipe, a traced program new at every trace, made every fit a new structure until 2026-12-02."""
     fn = _mlp_problem(0)[0]  # a refit calls the same model function on new weights and data
     options = dict(store_linearization="rows", row_dtype="float32") if store == "narrow rows" else \
         dict(store_linearization=store)
@@ -273,26 +274,32 @@ def test_a_projected_posterior_refit_compiles_nothing_and_projects_onto_the_new_
     assert np.linalg.norm(J @ d1) > 1e-2 * np.linalg.norm(J) * np.linalg.norm(d1)  # the old kernel is not it
 
 
-def test_a_projected_posterior_with_the_optimal_prior_and_its_predictive_refit_compile_nothing():
+@pytest.mark.parametrize("store", ["rows", None])
+def test_a_projected_posterior_with_the_optimal_prior_and_its_predictive_refit_compile_nothing(store):
     """The trace probes' blocks, the rank's statistics (on the host) and the predictive on the fit's draws: a refit
-    on new weights and data of the same shapes, with as many probes, compiles nothing and gives a new alpha*. (On
-    stored rows, as the test above: a stored linearisation's recipe is a static traced object, new at every fit, so
-    the projection and the predictive compile again; issue 32.)"""
-    fn = _mlp_problem(0)[0]
+    on new weights and data of the same shapes, with as many probes, compiles nothing, calls the model's Python
+    code not once, and gives a new alpha*. On stored rows, and at the default storage, which stores this MLP's
+    linearisations: until 2026-12-02 their recipe (a traced program) was static data of the projection, new at
+    every fit, so a refit traced the model and compiled the projection (2.5 s) and the predictive again."""
+    fn, params0 = from_equinox(_Counted(eqx.nn.MLP(6, 3, 8, 2, activation=jnp.tanh, key=jax.random.key(0))))
 
     def fit(i):
-        _, params, X, _ = _mlp_problem(i)
+        X = _mlp_problem(i)[2]
+        params = jax.tree_util.tree_map(lambda a: a * (1.0 + i), params0)  # new weights, same structure
         post = pst.projected_posterior(fn, params, X[:6], batch_size=3, prior_precision="optimal",
                                        key=jax.random.key(i), num_trace_samples=20, trace_rtol=None,
-                                       trace_block=10, progress=False, store_linearization="rows")
+                                       trace_block=10, progress=False, store_linearization=store)
         return post, pst.predictive.classification(post, X[6:9], progress=False)
 
     first, p_first = fit(0)
     jax.block_until_ready(p_first)
+    assert first.projection.storage == ("rows" if store else "linearization")
+    _TRACES.clear()
     with compiles() as events:
         second, p_second = fit(1)
         jax.block_until_ready(p_second)
     assert events == [], f"{len(events)} compilations on a refit"
+    assert _TRACES == [], f"the refit traced the model {len(_TRACES)} times"
     assert second.trace_estimate.num_samples == first.trace_estimate.num_samples == 20
     assert float(second.prior_precision) != float(first.prior_precision)
     assert not np.allclose(p_first, p_second)
