@@ -139,35 +139,71 @@ def _row_values(post, inputs, b, k, output_covariance, progress=None):
 _row_values_jit = program(_row_values)
 
 
+_DRAW_BLOCK = 10
+"""Draws per compiled program in a projected posterior's sampled predictive: the programs' shapes do not depend
+on how many draws there are (the adaptive trace estimate's count depends on the values)."""
+
+
 def _sampled(post, inputs, key, num_samples, full_covariance, output_covariance):
     r"""The linearised predictive of a posterior from linearised samples $J(x)\,\delta_s$ (JVPs): its fit's draws,
     topped up with fresh ones from ``key`` when ``num_samples`` asks for more (`ProjectedPosterior.draws`). The
-    mean is known (zero offsets), so the second moment is an unbiased estimate of $J \Sigma J^\top$."""
+    mean is known (zero offsets), so the second moment is an unbiased estimate of $J \Sigma J^\top$.
+
+    The draws go through one compiled program in blocks of ``_DRAW_BLOCK``, each block's weighted moment summed,
+    so that a refit whose trace estimate stopped at another number of probes compiles nothing new; the fit's
+    draws are sliced on the host (an eager slice would compile a program for each number of them)."""
     if post.trace_draws is None and key is None:
         raise ValueError(f"linearized: a {type(post).__name__}'s predictive is estimated from linearised samples "
                          "(its exact variance would project every Jacobian row): pass key=jax.random.key(...) "
                          "(and num_samples), build it with prior_precision='optimal' (its trace draws are "
                          "samples), or pass exact=True")
-    deltas = post.draws(num_samples, key=key)
-    offsets = _jvp_offsets(post, deltas, inputs)  # (n, M, O)
-    n = offsets.shape[0]
-    if full_covariance:
-        flat = offsets.reshape(n, -1)
-        return flat.T @ flat / n
-    if output_covariance:
-        return jnp.einsum("nmo,nmq->moq", offsets, offsets) / n
-    return jnp.mean(offsets**2, axis=0)
+    mode = "full" if full_covariance else "outputs" if output_covariance else "variances"
+    used, fresh = post._draw_parts(num_samples, key, f"{type(post).__name__}.draws")
+    n = used + (0 if fresh is None else fresh.shape[0])
+    dtype = np.dtype(post.mean.dtype)
+    traced = any(isinstance(a, jax.core.Tracer) for a in (post.trace_draws, post.prior_precision, fresh))
+    parts = []  # (offsets (b, P), weight): the moment of J(x) offsets, times weight
+    if traced:  # inside a trace the counts are static: all at once
+        parts.append((post.draws(num_samples, key=key) if fresh is None else
+                      jnp.concatenate([post.trace_draws[:, :used].T / jnp.sqrt(post.prior_precision), fresh]),
+                      jnp.asarray(1.0 / n, dtype)))
+    else:  # sliced on the host, each block moved with jax.device_put
+        if used:  # the fit's projected probes, each to be scaled by alpha^-1/2: the weight carries 1 / alpha
+            parts += _host_blocks(np.asarray(post.trace_draws).T[:used], 1.0 / (n * float(post.prior_precision)),
+                                  dtype)
+        if fresh is not None:  # asked for beyond the fit's draws: projected now (their own programs)
+            parts += _host_blocks(np.asarray(fresh), 1.0 / n, dtype)
+    total = None
+    for offsets, weight in parts:
+        moment = _offset_moment(post.fn, post.params, post.unravel, offsets, weight, inputs, mode)
+        total = moment if total is None else total + moment
+    return total
+
+
+def _host_blocks(offsets, weight, dtype):
+    """``(block, weight)`` pairs of `_DRAW_BLOCK` rows of the host array ``offsets``, moved with `jax.device_put`."""
+    weight = jax.device_put(np.asarray(weight, dtype))
+    return [(jax.device_put(np.ascontiguousarray(offsets[i:i + _DRAW_BLOCK])), weight)
+            for i in range(0, offsets.shape[0], _DRAW_BLOCK)]
 
 
 @program
-def _jvp_offsets(post, deltas, inputs):
-    r"""``(n, M, O)``: $J(x)\,\delta$ for every row of ``deltas`` and input, inputs mapped in chunks."""
+def _offset_moment(fn, params, unravel, deltas, weight, inputs, mode):
+    r"""``weight`` times the second moment of $J(x)\,\delta$ over the rows of ``deltas``: summed variances
+    ``(M, O)``, output covariances ``(M, O, O)`` (``mode="outputs"``) or the ``(M O, M O)`` covariance
+    (``"full"``); inputs mapped in chunks."""
     def chunk(Xc):
-        f = lambda p: jax.vmap(post.fn, in_axes=(None, 0))(p, Xc)  # noqa: E731
-        offsets = jax.vmap(lambda d: jax.jvp(f, (post.params,), (post.unravel(d),))[1])(deltas)  # (n, b, O)
+        f = lambda p: jax.vmap(fn, in_axes=(None, 0))(p, Xc)  # noqa: E731
+        offsets = jax.vmap(lambda d: jax.jvp(f, (params,), (unravel(d),))[1])(deltas)  # (n, b, O)
         return jnp.moveaxis(offsets, 0, 1)
 
-    return jnp.moveaxis(batched_map(chunk, inputs, max(1, min(inputs.shape[0], 64))), 0, 1)
+    offsets = jnp.moveaxis(batched_map(chunk, inputs, max(1, min(inputs.shape[0], 64))), 0, 1)  # (n, M, O)
+    if mode == "full":
+        flat = offsets.reshape(offsets.shape[0], -1)
+        return weight * (flat.T @ flat)
+    if mode == "outputs":
+        return weight * jnp.einsum("nmo,nmq->moq", offsets, offsets)
+    return weight * jnp.sum(offsets**2, axis=0)
 
 
 def linearized(post: GaussianPosterior, inputs, *, full_covariance: bool = False, output_covariance: bool = False,

@@ -118,22 +118,26 @@ class ProjectedPosterior(GaussianPosterior):
             >>> post.draws(k + 5, key=jax.random.key(1)).shape == (k + 5, 3)       # five fresh ones on top
             True
         """
-        who = f"{type(self).__name__}.draws"
+        used, fresh = self._draw_parts(num_samples, key, f"{type(self).__name__}.draws")
+        parts = [] if not used else [self.trace_draws[:, :used].T / jnp.sqrt(self.prior_precision)]
+        parts += [] if fresh is None else [fresh]
+        return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+
+    def _draw_parts(self, num_samples, key, who):
+        """``(used, fresh)``: how many of the fit's draws (`trace_draws`' first columns) `draws` returns, and the
+        fresh offsets ``(n - used, P)`` drawn from ``key`` on top of them (None when none are asked for)."""
         have = 0 if self.trace_draws is None else self.trace_draws.shape[1]
         if num_samples is None:
             num_samples = have if have else 100
         num_samples = positive_int(num_samples, "num_samples", who)
-        parts = []
-        if have:
-            parts.append(self.trace_draws[:, :num_samples].T / jnp.sqrt(self.prior_precision))
-        if num_samples > have:
-            if key is None:
-                made = (f"the fit made {have} (the trace probes of prior_precision='optimal')" if have else
-                        "the fit made none (they come with prior_precision='optimal')")
-                raise ValueError(f"{who}: {num_samples} samples asked for and {made}: pass key=jax.random.key(...) "
-                                 f"for the {num_samples - have} fresh ones (each projected), or ask for fewer")
-            parts.append(self.sample(key, num_samples - have) - self.mean[None, :])
-        return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+        if num_samples <= have:
+            return num_samples, None
+        if key is None:
+            made = (f"the fit made {have} (the trace probes of prior_precision='optimal')" if have else
+                    "the fit made none (they come with prior_precision='optimal')")
+            raise ValueError(f"{who}: {num_samples} samples asked for and {made}: pass key=jax.random.key(...) "
+                             f"for the {num_samples - have} fresh ones (each projected), or ask for fewer")
+        return have, self.sample(key, num_samples - have) - self.mean[None, :]
 
     def ood_score(self, key: jax.Array, inputs, n: int) -> jax.Array:
         """The out-of-distribution score: the largest output variance per input, shape ``(M,)``."""
@@ -223,10 +227,7 @@ def _optimal(projection, theta, key, num_samples, rtol=TRACE_RTOL, block=TRACE_B
             error = per_probe.std(ddof=1) / np.sqrt(k) * (1.0 + 1.0 / np.sqrt(2.0 * (k - 1)))
             if k >= MIN_PROBES and error <= rtol * per_probe.mean():
                 break
-    result = results[0] if len(results) == 1 else lo.Projection(
-        jnp.concatenate([p.value for p in results], axis=1),
-        *(jnp.concatenate([getattr(p, f) for p in results], axis=0)
-          for f in ("sweeps", "converged", "kernel_residual", "residuals")))
+    result = results[0] if len(results) == 1 else _joined(results, traced)
     draws = result.value  # (P, k): also N(0, Pi) samples
     k = draws.shape[1]
     _warn_unconverged(result, who, f"{k} trace probes")
@@ -253,6 +254,19 @@ def _optimal(projection, theta, key, num_samples, rtol=TRACE_RTOL, block=TRACE_B
     return jnp.asarray(rank / norm2, dtype), estimate, draws, result
 
 
+def _joined(results, traced):
+    """The probe blocks' `linops.Projection` results as one (probes along the columns of ``value``). Joined on the
+    host and moved back with `jax.device_put` (an eager ``jnp.concatenate`` compiles a program for each number of
+    blocks, and the number of blocks depends on the values), except inside a trace or for arrays split over
+    devices, where ``jnp.concatenate`` keeps their placement."""
+    fields = ("value", "sweeps", "converged", "kernel_residual", "residuals")
+    if traced or any(len(p.value.sharding.device_set) > 1 for p in results):
+        return lo.Projection(*(jnp.concatenate([getattr(p, f) for p in results], axis=int(f == "value"))
+                               for f in fields))
+    return lo.Projection(*(jax.device_put(np.concatenate([np.asarray(getattr(p, f)) for p in results],
+                                                         axis=int(f == "value"))) for f in fields))
+
+
 def _on_host(*blocks):
     """Each list of per-block arrays as one float64 numpy array."""
     return [np.concatenate([np.asarray(a, np.float64) for a in b]) for b in blocks]
@@ -271,12 +285,14 @@ def _rank_per_probe(kept, seen, P):
 
 def _warn_unconverged(result, who, what):
     """Warn (eagerly) when some columns of a `linops.Projection` did not converge."""
-    converged = result.converged
-    if isinstance(converged, jax.core.Tracer) or bool(jnp.all(converged)):
+    if isinstance(result.converged, jax.core.Tracer):
         return
-    warnings.warn(f"{who}: the projections of {int(jnp.sum(~converged))} of {what} did not converge (largest "
-                  f"kernel residual ||J Pi x|| / ||J x|| = {float(jnp.max(result.kernel_residual)):.2e}, after "
-                  f"{int(jnp.max(result.sweeps))} sweeps): they are not exactly in the kernel of J. Raise max_sweeps, "
+    converged = np.asarray(result.converged)  # on the host: no program per number of columns
+    if converged.all():
+        return
+    warnings.warn(f"{who}: the projections of {int(np.sum(~converged))} of {what} did not converge (largest "
+                  f"kernel residual ||J Pi x|| / ||J x|| = {float(np.max(result.kernel_residual)):.2e}, after "
+                  f"{int(np.max(result.sweeps))} sweeps): they are not exactly in the kernel of J. Raise max_sweeps, "
                   "loosen rtol, or use fewer examples or the loss-projected posterior", stacklevel=3)
 
 
@@ -299,12 +315,23 @@ def _check_prior(prior_precision, key, who, trace_options):
             raise ValueError(f"{who}: prior_precision must be finite, got inf (a point mass at the MAP)")
 
 
+def _summary(result):
+    """The projection's record for the posterior: all converged, the most sweeps, the largest kernel residual; on the
+    host (no program for each number of probes) unless traced."""
+    parts = (result.converged, result.sweeps, result.kernel_residual)
+    if any(isinstance(a, jax.core.Tracer) for a in parts):
+        values = (jnp.all(parts[0]), jnp.max(parts[1]), jnp.max(parts[2]))
+    else:
+        values = (jax.device_put(np.all(np.asarray(parts[0]))),
+                  *(jax.device_put(np.max(np.asarray(a))) for a in parts[1:]))
+    return dict(zip(("projection_converged", "projection_sweeps", "projection_residual"), values, strict=True))
+
+
 def _build(fn, params, projection, prior_precision, key, num_trace_samples, trace_rtol, trace_block):
     flat, unravel = ravel(params)
     if isinstance(prior_precision, str):
         alpha, estimate, draws, result = _optimal(projection, flat, key, num_trace_samples, trace_rtol, trace_block)
-        record = dict(projection_converged=jnp.all(result.converged), projection_sweeps=jnp.max(result.sweeps),
-                      projection_residual=jnp.max(result.kernel_residual))
+        record = _summary(result)
     else:
         alpha, estimate, draws, record = jnp.asarray(prior_precision, flat.dtype), None, None, {}
     return ProjectedPosterior(fn=fn, params=params, unravel=unravel, projection=projection, prior_precision=alpha,

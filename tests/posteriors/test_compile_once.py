@@ -283,12 +283,13 @@ def test_a_projected_posterior_with_the_optimal_prior_and_its_predictive_refit_c
     every fit, so a refit traced the model and compiled the projection (2.5 s) and the predictive again."""
     fn, params0 = from_equinox(_Counted(eqx.nn.MLP(6, 3, 8, 2, activation=jnp.tanh, key=jax.random.key(0))))
 
-    def fit(i):
+    def fit(i, probes=20):
         X = _mlp_problem(i)[2]
         params = jax.tree_util.tree_map(lambda a: a * (1.0 + i), params0)  # new weights, same structure
         post = pst.projected_posterior(fn, params, X[:6], batch_size=3, prior_precision="optimal",
-                                       key=jax.random.key(i), num_trace_samples=20, trace_rtol=None,
-                                       trace_block=10, progress=False, store_linearization=store)
+                                       key=jax.random.key(i), num_trace_samples=probes, trace_block=10,
+                                       trace_rtol=1e-9,  # never met: every block of 10 probes runs
+                                       progress=False, store_linearization=store)
         return post, pst.predictive.classification(post, X[6:9], progress=False)
 
     first, p_first = fit(0)
@@ -300,6 +301,14 @@ def test_a_projected_posterior_with_the_optimal_prior_and_its_predictive_refit_c
         jax.block_until_ready(p_second)
     assert events == [], f"{len(events)} compilations on a refit"
     assert _TRACES == [], f"the refit traced the model {len(_TRACES)} times"
+    # Another number of probe blocks, as the adaptive trace estimate stops where the values say: the blocks are
+    # joined and the predictive's draws taken in blocks on the host, so nothing compiles either (before
+    # 2026-12-02: 13 programs here and on a small CNN: the eager joins, reductions and the predictive's moments).
+    with compiles() as events:
+        third, p_third = fit(2, probes=30)
+        jax.block_until_ready(p_third)
+    assert events == [], f"{len(events)} compilations on a refit with 3 probe blocks instead of 2"
+    assert third.trace_draws.shape == (third.projection.size, 30) and third.trace_estimate.num_samples == 30
     assert second.trace_estimate.num_samples == first.trace_estimate.num_samples == 20
     assert float(second.prior_precision) != float(first.prior_precision)
     assert not np.allclose(p_first, p_second)
