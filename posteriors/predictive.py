@@ -527,7 +527,7 @@ def _classification(post, inputs, link, key, num_samples, progress):
         return probs.reshape((M,) + tuple(shape))
     mean, var = _linearized(post, inputs, False, False, None, *sampled, False, progress)
     mean, var = _shaped(shape, mean, 1), _shaped(shape, var, 1)
-    return probit(mean, var, multiclass=mean.shape[-1] > 1)
+    return _probit(mean, var, multiclass=mean.shape[-1] > 1)
 
 
 def regression(post: GaussianPosterior, inputs, *, sigma=None, progress: bool = True):
@@ -583,6 +583,7 @@ def _heteroscedastic(post, inputs, progress):
     return mean[..., :o], var[..., :o] + jnp.exp(mean[..., o:] + var[..., o:] / 2)
 
 
+_probit = program(probit)  # one program where the caller runs eagerly (a projected posterior's predictive)
 _COMPILED = {body: program(body) for body in (_linearized_shaped, _classification, _regression, _heteroscedastic)}
 
 

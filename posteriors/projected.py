@@ -21,7 +21,7 @@ import numpy as np
 
 import linops as lo
 from linops.models import ravel
-from linops.runtime import flat_draw
+from linops.runtime import flat_draw, program
 from posteriors._checks import check_data, check_examples, check_finite, check_likelihood, check_params
 from posteriors._training import positive_int
 from posteriors.gaussian import GaussianPosterior
@@ -210,14 +210,16 @@ def _optimal(projection, theta, key, num_samples, rtol=TRACE_RTOL, block=TRACE_B
     who = "optimal_prior_precision"
     sizes = _probe_blocks(num_samples, rtol, block, who)
     P = projection.shape[0]
-    norm2 = jnp.sum(jnp.asarray(theta) ** 2)
-    traced = any(isinstance(a, jax.core.Tracer) for a in (norm2, *jax.tree_util.tree_leaves(projection)))
+    traced = any(isinstance(a, jax.core.Tracer) for a in (theta, *jax.tree_util.tree_leaves(projection)))
+    # ||theta||^2: on the host in float64 unless traced (an eager jnp reduction compiles programs of its own)
+    norm2 = jnp.sum(jnp.asarray(theta) ** 2) if traced else float(np.sum(np.asarray(theta, np.float64) ** 2))
     results, kept, seen = [], [], []
     for i, size in enumerate(sizes):
-        eps = flat_draw(jax.random.normal, key if i == 0 else jax.random.fold_in(key, i), (P, size), projection.dtype)
+        eps = flat_draw(jax.random.normal, key if i == 0 else _fold_in(key, i), (P, size), projection.dtype)
         results.append(projection.project_samples(eps))
-        kept.append(P - jnp.sum(eps * results[-1].value, axis=0))  # P - eps^T Pi eps
-        seen.append(jnp.sum(eps * (eps - results[-1].value), axis=0))  # eps^T (I - Pi) eps
+        k_i, s_i = _probe_terms(eps, results[-1].value)
+        kept.append(k_i)
+        seen.append(s_i)
         if rtol is not None and not traced and i + 1 < len(sizes):
             per_probe = _rank_per_probe(*_on_host(kept, seen), P)
             k = per_probe.shape[0]
@@ -243,15 +245,31 @@ def _optimal(projection, theta, key, num_samples, rtol=TRACE_RTOL, block=TRACE_B
         return rank / norm2, estimate, draws, result
     # eagerly, in float64 numpy: a few numbers, no program to compile for each probe count
     per_probe = _rank_per_probe(*_on_host(kept, seen), P)
-    rank, error, norm2 = float(per_probe.mean()), float(per_probe.std(ddof=1) / np.sqrt(k)), float(norm2)
+    rank, error = float(per_probe.mean()), float(per_probe.std(ddof=1) / np.sqrt(k))
     dtype = projection.dtype
-    estimate = lo.Estimate(jnp.asarray(P - rank, dtype), jnp.asarray(error, dtype), k)
+    estimate = lo.Estimate(_on_device(P - rank, dtype), _on_device(error, dtype), k)
     rank = min(max(rank, 0.0), P)
     if rank <= 2 * error or not norm2 > 0:
         raise ValueError(f"{message}: P = {P}, Tr(Pi) = {P - rank:.1f} +- {error:.1f} ({k} probes), ||theta||^2 = "
                          f"{norm2:.3g}. The training Jacobian sees (almost) no direction: check the model and the "
                          "data, or pass a positive prior_precision")
-    return jnp.asarray(rank / norm2, dtype), estimate, draws, result
+    return _on_device(rank / norm2, dtype), estimate, draws, result
+
+
+_fold_in = jax.jit(jax.random.fold_in)  # one program (called eagerly, fold_in compiles two)
+
+
+@program
+def _probe_terms(eps, projected):
+    r"""Per probe, $P - \varepsilon^\top\Pi\varepsilon$ and $\varepsilon^\top(I - \Pi)\varepsilon$ (one program per
+    block shape)."""
+    return eps.shape[0] - jnp.sum(eps * projected, axis=0), jnp.sum(eps * (eps - projected), axis=0)
+
+
+def _on_device(value, dtype):
+    """A host number as a device scalar of ``dtype``, by `jax.device_put` (``jnp.asarray`` would compile a
+    conversion)."""
+    return jax.device_put(np.asarray(value, dtype))
 
 
 def _joined(results, traced):

@@ -47,7 +47,7 @@ from jax import lax
 
 from linops.algebra._projector import gram_factor
 from linops.memory import MemoryBudgetError, available_bytes, check_fits
-from linops.nn._rowsources import RowSource
+from linops.nn._rowsources import RowSource, take
 from linops.runtime._batching import check_mesh, leaf_specs
 from linops.runtime._conv_layout import canonical_convolutions
 from linops.runtime._memo import memo
@@ -109,10 +109,10 @@ class RowBlocks(eqx.Module):
         if mesh is not None:  # a whole number of batches per device: repeat the last batch (Q_B Q_B = Q_B)
             count = jax.tree_util.tree_leaves(data)[0].shape[0]
             idx = np.minimum(np.arange(-(-count // devices) * devices), count - 1)
-            data = jax.tree_util.tree_map(lambda a: a[idx], data)
+            data = jax.tree_util.tree_map(lambda a: take(a, idx), data)
         batches = jax.tree_util.tree_leaves(data)[0].shape[0] // devices  # per device
 
-        first = jax.tree_util.tree_map(lambda a: a[0], data)
+        first = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), data)  # a batch's shapes
 
         def per_batch_bytes():  # an abstract trace (no work), once per model, shapes and layout while it lives
             return memo(("linearization bytes", rows.to_tree, int(rows.size), np.dtype(rows.dtype)), rows.forward,
@@ -350,8 +350,8 @@ def _plan_memory(rows, batches, store, per_batch_bytes, on_mesh, rows_cheaper, r
 def _gram_by_products(rows, data_b) -> bool:
     """Whether ``R`` tangent passes over a batch cost fewer flops than the ``2 R^2 P`` of the rows' inner products
     (XLA's count for one tangent pass, from lowering alone; the products when it gives none)."""
-    spec = lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a))  # noqa: E731
-    tangent = rows.to_tree(jnp.zeros(rows.size, rows.dtype))
+    spec = lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)) if hasattr(a, "__array__") else a  # noqa: E731
+    tangent = jax.eval_shape(lambda v: rows.to_tree(v), jax.ShapeDtypeStruct((rows.size,), rows.dtype))  # no program
     try:
         args = jax.tree_util.tree_map(spec, (rows.params, data_b, tangent))
         cost = jax.jit(rows.forward).lower(*args).cost_analysis()

@@ -64,7 +64,7 @@ def matrix_rows(M, batch_size: int) -> RowSource:
     if M.ndim != 2:
         raise ValueError(f"{_WHO}: M must be 2-D, got shape {M.shape}")
     check_batch(batch_size, M.shape[0])
-    blocks = M[pad_indices(M.shape[0], batch_size)]  # (B, S, P)
+    blocks = take(M, pad_indices(M.shape[0], batch_size))  # (B, S, P)
     return RowSource(None, blocks, _matrix_forward, _matrix_backward, _matrix_rows, batch_size, M.shape[1], M.dtype,
                      _identity, _identity)
 
@@ -86,7 +86,8 @@ def jacobian_rows(fn, params, inputs, batch_size: int) -> RowSource:
     n, o = _check_model(fn, params, inputs, _WHO)
     check_batch(batch_size, n)
     unravel = unravel_of(params)  # no flat vector formed: nothing runs here
-    data = jax.tree_util.tree_map(lambda a: a[pad_indices(n, batch_size)], inputs)
+    pad = pad_indices(n, batch_size)
+    data = jax.tree_util.tree_map(lambda a: take(a, pad), inputs)
     return RowSource(params, data, _JacobianForward(fn), _JacobianBackward(fn), _JacobianRows(fn), batch_size * o,
                      unravel.size, unravel.dtype, unravel, _flatten)
 
@@ -140,11 +141,11 @@ def loss_jacobian_rows(fn, params, inputs, targets, likelihood, batch_size: int)
     # static part with the maps, so that the maps compare equal across fits.
     arrays, static = eqx.partition(likelihood, eqx.is_array)
     if likelihood.per_example:
-        lik_data = jax.tree_util.tree_map(lambda a: a[pad], arrays)
+        lik_data = jax.tree_util.tree_map(lambda a: take(a, pad), arrays)
     else:
         lik_data = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (len(pad),) + jnp.shape(a)), arrays)
-    data = (jax.tree_util.tree_map(lambda a: a[pad], inputs), jax.tree_util.tree_map(lambda a: a[pad], targets),
-            lik_data)
+    data = (jax.tree_util.tree_map(lambda a: take(a, pad), inputs), jax.tree_util.tree_map(lambda a: take(a, pad),
+                                                                                             targets), lik_data)
     maps = _LossMaps(fn, static, bool(likelihood.per_example))
     return RowSource(params, data, _LossForward(maps), _LossBackward(maps), _LossRows(maps), batch_size,
                      unravel.size, unravel.dtype, unravel, _flatten)
@@ -196,6 +197,13 @@ class _LossRows:
         _, g = self.maps.grads(p, data_b)
         fn = self.maps.fn
         return jax.vmap(lambda x, g_n: jax.grad(lambda q: jnp.sum(g_n * fn(q, x)))(p))(data_b[0], g)
+
+
+@jax.jit
+def take(a, idx):
+    """``a[idx]`` as one compiled program per shape: ``jnp`` indexing called eagerly compiles several small ones
+    (the index's conversion, bounds and gather), every first call of a fit."""
+    return a[idx]
 
 
 def pad_indices(n, batch_size):

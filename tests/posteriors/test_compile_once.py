@@ -283,21 +283,31 @@ def test_a_projected_posterior_with_the_optimal_prior_and_its_predictive_refit_c
     every fit, so a refit traced the model and compiled the projection (2.5 s) and the predictive again."""
     fn, params0 = from_equinox(_Counted(eqx.nn.MLP(6, 3, 8, 2, activation=jnp.tanh, key=jax.random.key(0))))
 
-    def fit(i, probes=20):
+    def problem(i):  # new weights and data, same structure (made before the compilations are counted)
+        params = jax.tree_util.tree_map(lambda a: a * (1.0 + i), params0)
         X = _mlp_problem(i)[2]
-        params = jax.tree_util.tree_map(lambda a: a * (1.0 + i), params0)  # new weights, same structure
-        post = pst.projected_posterior(fn, params, X[:6], batch_size=3, prior_precision="optimal",
-                                       key=jax.random.key(i), num_trace_samples=probes, trace_block=10,
+        return jax.block_until_ready((params, X[:6], X[6:9], jax.random.key(i)))
+
+    def fit(problem, probes=20):
+        params, X, T, key = problem
+        post = pst.projected_posterior(fn, params, X, batch_size=3, prior_precision="optimal",
+                                       key=key, num_trace_samples=probes, trace_block=10,
                                        trace_rtol=1e-9,  # never met: every block of 10 probes runs
                                        progress=False, store_linearization=store)
-        return post, pst.predictive.classification(post, X[6:9], progress=False)
+        return post, pst.predictive.classification(post, T, progress=False)
 
-    first, p_first = fit(0)
-    jax.block_until_ready(p_first)
+    problems = [problem(i) for i in range(3)]
+    with compiles() as events:
+        first, p_first = fit(problems[0])
+        jax.block_until_ready(p_first)
+    # 12 in a fresh process (the batches' gather, factors, ravel, two for the draws, the projection, the probes'
+    # sums, the next block's key, the outputs, the draws' moments, their sum and the probit link), against about 50
+    # when the gather, sums, joins and link ran as eager jnp operations (before 2026-12-02)
+    assert len(events) <= 12, f"the first fit and predictive compiled {len(events)} programs"
     assert first.projection.storage == ("rows" if store else "linearization")
     _TRACES.clear()
     with compiles() as events:
-        second, p_second = fit(1)
+        second, p_second = fit(problems[1])
         jax.block_until_ready(p_second)
     assert events == [], f"{len(events)} compilations on a refit"
     assert _TRACES == [], f"the refit traced the model {len(_TRACES)} times"
@@ -305,7 +315,7 @@ def test_a_projected_posterior_with_the_optimal_prior_and_its_predictive_refit_c
     # joined and the predictive's draws taken in blocks on the host, so nothing compiles either (before
     # 2026-12-02: 13 programs here and on a small CNN: the eager joins, reductions and the predictive's moments).
     with compiles() as events:
-        third, p_third = fit(2, probes=30)
+        third, p_third = fit(problems[2], probes=30)
         jax.block_until_ready(p_third)
     assert events == [], f"{len(events)} compilations on a refit with 3 probe blocks instead of 2"
     assert third.trace_draws.shape == (third.projection.size, 30) and third.trace_estimate.num_samples == 30
