@@ -164,9 +164,7 @@ def _sampled(post, inputs, key, num_samples, full_covariance, output_covariance)
     traced = any(isinstance(a, jax.core.Tracer) for a in (post.trace_draws, post.prior_precision, fresh))
     parts = []  # (offsets (b, P), weight): the moment of J(x) offsets, times weight
     if traced:  # inside a trace the counts are static: all at once
-        parts.append((post.draws(num_samples, key=key) if fresh is None else
-                      jnp.concatenate([post.trace_draws[:, :used].T / jnp.sqrt(post.prior_precision), fresh]),
-                      jnp.asarray(1.0 / n, dtype)))
+        parts.append((post._joined_draws(used, fresh), jnp.asarray(1.0 / n, dtype)))
     else:  # sliced on the host, each block moved with jax.device_put
         if used:  # the fit's projected probes, each to be scaled by alpha^-1/2: the weight carries 1 / alpha
             parts += _host_blocks(np.asarray(post.trace_draws).T[:used], 1.0 / (n * float(post.prior_precision)),

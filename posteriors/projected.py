@@ -118,7 +118,10 @@ class ProjectedPosterior(GaussianPosterior):
             >>> post.draws(k + 5, key=jax.random.key(1)).shape == (k + 5, 3)       # five fresh ones on top
             True
         """
-        used, fresh = self._draw_parts(num_samples, key, f"{type(self).__name__}.draws")
+        return self._joined_draws(*self._draw_parts(num_samples, key, f"{type(self).__name__}.draws"))
+
+    def _joined_draws(self, used, fresh):
+        """The first ``used`` of the fit's draws, scaled, then the ``fresh`` offsets: `draws`' value."""
         parts = [] if not used else [self.trace_draws[:, :used].T / jnp.sqrt(self.prior_precision)]
         parts += [] if fresh is None else [fresh]
         return parts[0] if len(parts) == 1 else jnp.concatenate(parts)

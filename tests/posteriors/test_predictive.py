@@ -47,6 +47,22 @@ def test_variances_from_blocks_of_outputs_equal_the_dense_reference(structure, m
     assert_close(cov, np.stack([full[7 * m:7 * m + 7, 7 * m:7 * m + 7] for m in range(5)]), rtol=1e-9)
 
 
+def test_a_projected_posteriors_sampled_predictive_inside_jit_equals_the_eager_one():
+    """Eagerly, the draws go in blocks of 10 sliced on the host; inside a trace (a caller's `jax.jit`), all at
+    once: the same moments, for the fit's draws, fewer of them, more (fresh ones from a key), and fresh ones only."""
+    fn, params, X, _ = _problem(num_classes=3)
+    post = pst.projected_posterior(fn, params, X[:4], batch_size=2, prior_precision="optimal", key=jax.random.key(4),
+                                   num_trace_samples=16, trace_rtol=None, progress=False)
+    plain = pst.projected_posterior(fn, params, X[:4], batch_size=2, prior_precision=2.0, progress=False)
+    Xt = draws.normal(jax.random.key(5), (6, 3), jnp.float64)
+    for p, kw in ((post, {}), (post, dict(num_samples=5)), (post, dict(num_samples=23, key=jax.random.key(6))),
+                  (plain, dict(num_samples=12, key=jax.random.key(7)))):
+        eager = predictive.linearized(p, Xt, progress=False, **kw)[1]
+        traced = eqx.filter_jit(lambda q, t, kw=kw: predictive.linearized(q, t, progress=False, **kw)[1])(p, Xt)
+        assert np.ptp(np.asarray(eager)) > 0
+        assert_close(traced, eager, rtol=1e-10)
+
+
 def test_a_projected_posteriors_predictive_comes_from_its_linearised_samples():
     fn, params, X, y = _problem(num_classes=3)
     post = pst.projected_posterior(fn, params, X[:4], batch_size=2, prior_precision="optimal", key=jax.random.key(4),
