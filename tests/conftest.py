@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from jaxtyping import install_import_hook
 
+from tests import _draws
 from tests._env import session_flags
 
 # Check the jaxtyping shapes on public signatures at run time, in the test session only.
@@ -19,6 +20,7 @@ with install_import_hook(_CHECKED, "beartype.beartype"):
 
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
+_draws.install()  # the models' initialisers draw jax.random's values through fewer programs (tests/_draws.py)
 
 settings.register_profile(
     "ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
@@ -51,7 +53,8 @@ def pytest_configure(config):
     compilation at level 3 became 244 s, the suite 22:29 -> 20:32, 2026-12-01). Two tests fail there, their original
     tolerances asking more than float32 rounding (CG's recomputed residual against float64 at 1e-3: 3.2% off) and CG's
     convergence rule (a projection's error below 1e-6: 1.1e-6, within the rule's 3.2e-4) promise; kept, with those
-    promises checked beside them.
+    promises checked beside them. The models' initialisers in equinox and flax draw through `tests._draws` as well
+    (`_draws.install`, at import above; 2026-12-02, three heavy modules at level 3 side by side: 145/149 s -> 121/130 s).
 
     Not in the distributed tier: its sharded-against-one-device comparisons include CG on split sweeps, which
     depends on rounding (at level 0, one of six samples stalls, with the library's warning), and an FSP covariance
