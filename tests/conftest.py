@@ -54,7 +54,8 @@ def pytest_configure(config):
     tolerances asking more than float32 rounding (CG's recomputed residual against float64 at 1e-3: 3.2% off) and CG's
     convergence rule (a projection's error below 1e-6: 1.1e-6, within the rule's 3.2e-4) promise; kept, with those
     promises checked beside them. The models' initialisers in equinox and flax draw through `tests._draws` as well
-    (`_draws.install`, at import above; 2026-12-02, three heavy modules at level 3 side by side: 145/149 s -> 121/130 s).
+    (`_draws.install`, at import above; 2026-12-02, three heavy modules at level 3 side by side: 145/149 s ->
+    121/130 s).
 
     Not in the distributed tier: its sharded-against-one-device comparisons include CG on split sweeps, which
     depends on rounding (at level 0, one of six samples stalls, with the library's warning), and an FSP covariance

@@ -11,7 +11,8 @@ $\sum_r g_{n,r,k}\, a_{n,r}^\top$, with $g_{n,r,k}$ the row's gradient at the la
   per-example gradient is ever formed (the rule BackPACK uses);
 - **shared positions** (a convolution's pixels, a dense layer's tokens): the per-row gradient
   $\sum_r g_{n,r,k} a_{n,r}^\top$ of that layer alone, squared;
-- a **bias**: $\sum_{n,k} (\sum_r g_{n,r,k})^2$;
+- a **bias**: $\sum_{n,k} (\sum_r g_{n,r,k})^2$ (with shared positions, from the kernel's product with a
+  column of ones appended to the activations: the output gradients have one consumer);
 - every other leaf (norm scales, embeddings, weights used twice): its own reverse pass, squared.
 
 All are exact: the result equals the diagonal from whole-network per-example gradients.
@@ -65,9 +66,16 @@ def _example_fn(plan, likelihood, num_rows, per_block, per_example=None):
                 g = jax.vmap(L.grads)(g)  # (k, G, out, R)
                 if L.positions == 1:
                     weights.append(jnp.sum(g[..., 0] ** 2, axis=0))  # (G, out); times a^2 per batch
-                else:  # the rows' gradients, a matrix product over the positions (the minor axis of both)
-                    weights.append(jnp.sum(jnp.einsum("kgor,gir->kgoi", g, a) ** 2, axis=0))  # (G, out, in)
-                biases.append(jnp.sum(jnp.sum(g, axis=-1) ** 2, axis=0) if L.bias is not None else None)
+                    biases.append(weights[-1] if L.bias is not None else None)  # one position: sum_k g^2 too
+                    continue
+                # the rows' gradients, a matrix product over the positions (the minor axis of both); with a bias,
+                # a row of ones appended to the patches gives its gradient (the sum over the positions) from the
+                # same product, so g has one consumer (XLA otherwise computes g twice: issue 32's profile)
+                if L.bias is not None:
+                    a = jnp.concatenate([a, jnp.ones_like(a[:, :1])], axis=1)
+                rows = jnp.sum(jnp.einsum("kgor,gir->kgoi", g, a) ** 2, axis=0)  # (G, out, in [+ 1])
+                weights.append(rows[..., :L.num_in] if L.bias is not None else rows)
+                biases.append(rows[..., L.num_in] if L.bias is not None else None)
             return weights, biases, [jnp.sum(o**2, axis=0) for o in o_grads]
 
         if num_blocks == 1:
