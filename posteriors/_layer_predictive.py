@@ -101,18 +101,22 @@ def diag_moments(post, inputs, batch: int, progress: str | None = None) -> tuple
     variance = 1.0 / (post.ggn.g / post.noise_scale + post.prior_precision)  # (P,)
     per_leaf = jax.tree_util.tree_leaves(post.unravel(variance))
 
+    def bias_term(L, summed):  # summed: (O, G, out), the output gradients summed over the positions
+        return jnp.sum(summed.reshape(summed.shape[0], -1) ** 2 * per_leaf[L.bias].reshape(-1)[None], axis=1)
+
     def weight_term(L, a, g):
-        total = jnp.zeros(g.shape[0], g.dtype)
-        if L.bias is not None:
-            total = total + jnp.sum(g.sum(-1).reshape(g.shape[0], -1) ** 2 * per_leaf[L.bias].reshape(-1)[None],
-                                    axis=1)
         a = _in_kernel_order(L, a)  # (G, in, R); g: (O, G, out, R)
         D = per_leaf[L.weight]
         D = (D.reshape(L.groups, L.num_out, L.num_in) if L.out_first
              else D.reshape(L.num_in, L.num_out).T[None])  # (G, out, in)
         if a.shape[-1] == 1:  # one position: the row is an outer product, its weighted squares a bilinear form
-            return total + jnp.einsum("ogl,glj,gj->o", g[..., 0] ** 2, D, a[..., 0] ** 2)
-        T = jnp.einsum("oglr,gjr->oglj", g, a)
-        return total + jnp.einsum("oglj,glj->o", T**2, D)
+            total = jnp.einsum("ogl,glj,gj->o", g[..., 0] ** 2, D, a[..., 0] ** 2)
+            return total if L.bias is None else total + bias_term(L, g[..., 0])
+        if L.bias is None:
+            return jnp.einsum("oglj,glj->o", jnp.einsum("oglr,gjr->oglj", g, a) ** 2, D)
+        # the bias's sum over the positions from the same product, a column of ones appended to the activations:
+        # g has one consumer (XLA otherwise computes it twice, as in linops.nn._layer_diag)
+        T = jnp.einsum("oglr,gjr->oglj", g, jnp.concatenate([a, jnp.ones_like(a[:, :1])], axis=1))
+        return jnp.einsum("oglj,glj->o", T[..., :-1] ** 2, D) + bias_term(L, T[..., -1])
 
     return _moments(post.fn, post.params, inputs, batch, weight_term, lambda i: per_leaf[i], progress)
