@@ -1042,7 +1042,8 @@ def _iterations_job(task, rec):
     A = lo.AlternatingProjectionOp.from_jacobian(fn, params, X, batch_size=task["batch_size"],
                                                  store_linearization="rows")
     B, R = A.W.shape[:2]
-    M = jnp.concatenate([r.reshape(B, R, -1) for r in A.stored], axis=2)
+    M = (jnp.stack([s[0] for s in A.stored]) if A.blocks.apart  # large rows: (R, P) per batch
+         else jnp.concatenate([r.reshape(B, R, -1) for r in A.stored], axis=2))
     P = A.size
     E = jax.random.normal(jax.random.key(7), (P, task["k"]), A.dtype)
     cutoff = gram_rtol((R, P), A.dtype)

@@ -11,7 +11,9 @@ linear map $t \mapsto M_b t$ stored once, in one of two forms:
   matrix products. ``row_dtype`` keeps them in a narrower floating type (float16: half the memory of float32
   rows), each row scaled by a power of two so that its largest entry is at most 1 (exact, and no overflow);
   the products still run in the parameters' dtype, and the Gram, its factor and every diagnostic are those
-  of the rows as stored, so the projector is exactly the one onto their kernel.
+  of the rows as stored, so the projector is exactly the one onto their kernel. Large rows built eagerly are
+  kept apart, one ``(R, P)`` array per batch, and the sweeps unrolled over them (`_keep_apart`: a loop over
+  stacked rows copies each batch's slice before its products).
   A convolution reuses each weight at every pixel, so its tangent pass costs more than the ``2 R P``
   flops of a product with the rows, and runs far below a matrix product's speed on CPU: LeNet-5's
   sweeps run 4x faster on its rows (`benchmarks/projected.py` (e)).
@@ -81,6 +83,7 @@ class RowBlocks(eqx.Module):
     mesh: object = eqx.field(static=True)
     axis: str = eqx.field(static=True)
     row_dtype: np.dtype | None = eqx.field(static=True, default=None)
+    apart: bool = eqx.field(static=True, default=False)  # stored: per batch, its (R, P) rows (`_keep_apart`)
 
     @classmethod
     def build(cls, rows: RowSource, *, cutoff=None, store_linearization=None, row_dtype=None, mesh=None,
@@ -124,7 +127,11 @@ class RowBlocks(eqx.Module):
 
         plan = _FactorPlan(rows.rows, rows.forward, rows.to_tree, int(rows.size), np.dtype(rows.dtype),
                            int(rows.num_rows), store, bool(by_products), cutoff, row_dtype)
-        if mesh is None:  # one program per plan (structural) and shapes: a refit compiles nothing
+        apart = mesh is None and _keep_apart(store, batches, rows.num_rows * int(rows.size) * np.dtype(
+            rows.dtype if row_dtype is None else row_dtype).itemsize, (rows.params, data))
+        if apart:  # each batch's rows in an array of its own: a sweep reads them where they are
+            W, stored, traces = _factor_apart(rows.params, data, plan._replace(apart=True), batches)
+        elif mesh is None:  # one program per plan (structural) and shapes: a refit compiles nothing
             W, stored, traces = _factor_batches_jit(rows.params, data, plan)
         else:  # each device factors its own batches, and keeps them
             from jax.sharding import NamedSharding, PartitionSpec
@@ -135,7 +142,7 @@ class RowBlocks(eqx.Module):
             W, stored, traces = jax.device_put(sharded, NamedSharding(mesh, split))
             data = jax.device_put(data, NamedSharding(mesh, split))
         return cls(rows.params, data, W, stored, traces, rows.forward, rows.backward, rows.to_tree, rows.to_flat,
-                   store, int(rows.size), np.dtype(rows.dtype), mesh, axis, row_dtype)
+                   store, int(rows.size), np.dtype(rows.dtype), mesh, axis, row_dtype, apart)
 
     @property
     def num_batches(self) -> int:
@@ -153,8 +160,23 @@ class RowBlocks(eqx.Module):
         return "none" if self.store is None else self.store
 
     def batches(self):
-        """``(data, W, stored)``: what a `lax.scan` over the batches runs over."""
+        """``(data, W, stored)``: what a `lax.scan` over the batches runs over (not rows kept apart)."""
         return (self.data, self.W, self.stored)
+
+    def project_apart(self, v, b: int):
+        r"""$Q_b v$ for a flat ``v`` ``(P,)`` from batch ``b``'s rows kept apart (`_keep_apart`): two products with
+        its ``(R, P)`` rows, read where they are."""
+        rows, scale = self._rows_apart(b)
+        u = scale * (rows @ v)
+        c = self.W[b].T @ (self.W[b] @ u)
+        return v - (scale * c).astype(v.dtype) @ rows
+
+    def _rows_apart(self, b: int):
+        """Batch ``b``'s rows kept apart, in the parameters' dtype, and their per-row scales (1 when not narrow)."""
+        if self.row_dtype is None:
+            return self.stored[b][0], jnp.ones((), self.dtype)
+        narrow, scale = self.stored[b]
+        return narrow.astype(self.dtype), scale
 
     def linear(self, data_b, stored_b):
         """The batch's linear map ``t -> M_b t`` (stored, or recomputed from the forward pass)."""
@@ -189,6 +211,9 @@ class RowBlocks(eqx.Module):
 
     def kernel_norm(self, v):
         r"""$\|M v\|$ for a flat vector ``v`` (0 exactly on $\ker M$)."""
+        if self.apart:
+            return jnp.sqrt(sum(jnp.sum((scale * (rows @ v)) ** 2)
+                                for rows, scale in map(self._rows_apart, range(self.num_batches))))
         t = self.to_tree(v)
         norms = canonical_convolutions(lambda b: jnp.sum(self.linear(b[0], b[2])(t) ** 2))
         return jnp.sqrt(lax.map(norms, self.batches()).sum())
@@ -207,6 +232,7 @@ class _FactorPlan(NamedTuple):
     by_products: bool
     cutoff: float | None
     row_dtype: np.dtype | None = None
+    apart: bool = False  # the rows kept as one (R, P) array (flat parameters' order), for `_factor_apart`
 
 
 def _check_cutoff(cutoff) -> float | None:
@@ -279,37 +305,78 @@ def _linearize_batch(forward, to_tree, size, dtype, params, data_b):
     return _linearize(lambda t: forward(params, data_b, t), params, data_b, zeros)
 
 
+def _batch_gram(params, data_b, plan: _FactorPlan):
+    """``(gram_b, stored_b)``: one batch's Gram and what it keeps (its rows, its linearisation, or ``()``)."""
+    # The Gram M_b M_b^T from the rows (per-example reverse passes): either forward-mode products of M_b
+    # with them (R tangent passes over the batch) or their inner products (2 R^2 P flops), whichever
+    # XLA's cost analysis counts fewer flops for: an MLP's tangent pass is cheap (products: 2.2x faster
+    # at P = 118k), a convolution's is not (inner products: 2.2x faster on LeNet-5).
+    rows_b = plan.rows(params, data_b)
+    if plan.store == _ROWS:  # the rows are kept: their inner products (of the rows as kept) are the Gram
+        leaves = tuple(jax.tree_util.tree_leaves(rows_b))
+        if plan.apart:  # one (R, P) array, the leaves side by side in the flat parameters' order
+            leaves = (jnp.concatenate([a.reshape(a.shape[0], -1) for a in leaves], axis=1),)
+        narrow = plan.row_dtype is not None
+        kept, used = _narrow_rows(leaves, plan.row_dtype, plan.dtype) if narrow else (leaves, leaves)
+        return sum(a.reshape(a.shape[0], -1) @ a.reshape(a.shape[0], -1).T for a in used), kept
+    keep = plan.store == _LINEARIZATION
+    if plan.by_products or keep:
+        stored, recipe = _linearize_batch(plan.forward, plan.to_tree, plan.size, plan.dtype, params, data_b)
+    if plan.by_products:
+        gram_b = jax.vmap(_rebuild(recipe, params, data_b, stored))(rows_b)
+    else:
+        flat = [a.reshape(a.shape[0], -1) for a in jax.tree_util.tree_leaves(rows_b)]
+        gram_b = sum(a @ a.T for a in flat)
+    return gram_b, (tuple(stored) if keep else ())
+
+
+def _factor_grams(grams, plan: _FactorPlan):
+    """``(W, traces)`` of the stacked Grams ``(B, R, R)``."""
+    shape = (plan.num_rows, plan.size)
+    return lax.map(lambda g: gram_factor(g, shape, plan.cutoff)[0], grams), jax.vmap(jnp.trace)(grams)
+
+
 def _factor_batches(params, data, plan: _FactorPlan):
     """``(W, stored, traces)``: every batch's Gram factor, stored rows or linearisation, and Gram trace."""
-
-    def gram(data_b):
-        # The Gram M_b M_b^T from the rows (per-example reverse passes): either forward-mode products of M_b
-        # with them (R tangent passes over the batch) or their inner products (2 R^2 P flops), whichever
-        # XLA's cost analysis counts fewer flops for: an MLP's tangent pass is cheap (products: 2.2x faster
-        # at P = 118k), a convolution's is not (inner products: 2.2x faster on LeNet-5).
-        rows_b = plan.rows(params, data_b)
-        if plan.store == _ROWS:  # the rows are kept: their inner products (of the rows as kept) are the Gram
-            leaves = tuple(jax.tree_util.tree_leaves(rows_b))
-            narrow = plan.row_dtype is not None
-            kept, used = _narrow_rows(leaves, plan.row_dtype, plan.dtype) if narrow else (leaves, leaves)
-            return sum(a.reshape(a.shape[0], -1) @ a.reshape(a.shape[0], -1).T for a in used), kept
-        keep = plan.store == _LINEARIZATION
-        if plan.by_products or keep:
-            stored, recipe = _linearize_batch(plan.forward, plan.to_tree, plan.size, plan.dtype, params, data_b)
-        if plan.by_products:
-            gram_b = jax.vmap(_rebuild(recipe, params, data_b, stored))(rows_b)
-        else:
-            flat = [a.reshape(a.shape[0], -1) for a in jax.tree_util.tree_leaves(rows_b)]
-            gram_b = sum(a @ a.T for a in flat)
-        return gram_b, (tuple(stored) if keep else ())
-
-    grams, stored = lax.map(canonical_convolutions(gram), data)
+    grams, stored = lax.map(canonical_convolutions(lambda d: _batch_gram(params, d, plan)), data)
     # A separate loop: an eigendecomposition inside the loop above slows its products ~1.7x on CPU.
-    shape = (plan.num_rows, plan.size)
-    return lax.map(lambda g: gram_factor(g, shape, plan.cutoff)[0], grams), stored, jax.vmap(jnp.trace)(grams)
+    W, traces = _factor_grams(grams, plan)
+    return W, stored, traces
 
 
 _factor_batches_jit = jax.jit(_factor_batches, static_argnums=2)
+# One batch's Gram and rows, the batch taken inside (its index an argument): one program called once per batch.
+_batch_gram_jit = jax.jit(lambda params, data, b, plan: canonical_convolutions(functools.partial(
+    _batch_gram, plan=plan))(params, jax.tree_util.tree_map(lambda a: a[b], data)), static_argnums=3)
+_factor_grams_jit = jax.jit(lambda grams, plan: _factor_grams(jnp.stack(grams), plan), static_argnums=1)
+
+# Rows kept apart (`RowBlocks.project_apart`): a `lax.scan` over stacked rows copies each batch's slice before its
+# products (XLA:CPU), as many bytes written and read again as the products read: a sweep of 10 vectors over a
+# CNN's rows (500 x 124,814 per batch) ran 1.6x slower stacked (`benchmarks/projected.py`). Kept apart, one
+# (R, P) array per batch, the sweep is unrolled over the batches on the flat vector (two products each): one
+# set-up program called once per batch, and a projection's program that grows with the number of batches
+# (measured on an MLP: compiled in 2.5 s stacked whatever the batches, 7 s with 72 batches apart, 26 s with 256).
+# A batch saves about a third of four reads of its rows per sweep and costs a tenth of a second or more of
+# compilation, so only for batches whose rows are large (a projection takes tens to hundreds of sweeps), and
+# not too many of them.
+_APART_BYTES = 1 << 26  # a batch's rows at least this large (64 MiB) ...
+_APART_MAX_BATCHES = 128  # ... and at most this many batches
+
+
+def _keep_apart(store, batches, batch_bytes, arrays) -> bool:
+    """Whether to keep each batch's rows in arrays of their own: rows large and few enough, built eagerly (under a
+    trace the set-up is one program's loop, whose outputs are stacked)."""
+    if store != _ROWS or not 1 < batches <= _APART_MAX_BATCHES or batch_bytes < _APART_BYTES:
+        return False
+    return not any(isinstance(a, jax.core.Tracer) for a in jax.tree_util.tree_leaves(arrays))
+
+
+def _factor_apart(params, data, plan: _FactorPlan, batches: int):
+    """`_factor_batches` with each batch's rows in an array of its own: ``stored[b]`` is ``(rows,)`` (``(R, P)``),
+    or ``(rows, scales)`` in a narrow ``row_dtype``."""
+    grams, stored = zip(*(_batch_gram_jit(params, data, b, plan) for b in range(batches)), strict=True)
+    W, traces = _factor_grams_jit(tuple(grams), plan)
+    return W, tuple(stored), traces
 
 
 def _plan_memory(rows, batches, store, per_batch_bytes, on_mesh, rows_cheaper, row_dtype=None) -> str | None:

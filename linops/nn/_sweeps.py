@@ -54,6 +54,13 @@ def symmetric_scan(blocks, t, batches, watch=False):
 
 def sequential(blocks, v, symmetric=False, watch=False):
     r"""$Q_B \cdots Q_1 v$ (or the symmetric sweep) over all batches, in order."""
+    if blocks.apart:  # rows kept apart: the batches unrolled on the flat vector, each read where it is
+        batches = range(blocks.num_batches)
+        for b in [*batches, *reversed(batches[:-1])] if symmetric else batches:
+            if watch:
+                jax.debug.callback(lambda _: _interrupt.check(), blocks.W[b, :1, 0])
+            v = blocks.project_apart(v, b)
+        return v
     local = symmetric_scan if symmetric else scan
     return blocks.to_flat(local(blocks, blocks.to_tree(v), blocks.batches(), watch=watch))
 

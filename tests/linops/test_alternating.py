@@ -351,6 +351,59 @@ def test_stored_rows_of_an_mlp_and_of_the_loss_jacobian_project_exactly():
     assert_close(a @ x, b @ x, atol=1e-10)
 
 
+def test_large_rows_are_kept_apart_and_each_sweep_reads_them_in_place(monkeypatch):
+    """Issue 38: a `lax.scan` over stacked rows copies each batch's slice before its products (XLA:CPU), as many
+    bytes as the products read (a CNN's sweeps 1.4x slower). Rows large enough are kept apart, one (R, P) array
+    per batch, and the sweeps unrolled over them: the same operator as stacked rows (the dense projector), no
+    batch's copy in a sweep's memory, narrow rows too, a refit compiles nothing; under a trace, stacked."""
+    from linops.nn import _rowblocks
+
+    rng = np.random.default_rng(23)
+    params = {"W": jnp.asarray(rng.standard_normal((3, 100)) / 10), "b": jnp.asarray(0.1 * rng.standard_normal(3))}
+    fn = lambda p, x: jnp.tanh(p["W"] @ x + p["b"])  # noqa: E731
+    X = jnp.asarray(rng.standard_normal((24, 100)))
+    flat, unravel = ravel(params)
+    J = np.asarray(jax.jacfwd(lambda v: jax.vmap(fn, (None, 0))(unravel(v), X).reshape(-1))(flat))
+    null = np.eye(J.shape[1]) - np.linalg.pinv(J) @ J
+    x, V = jnp.asarray(rng.standard_normal(flat.size)), jnp.asarray(rng.standard_normal((flat.size, 3)))
+    build = lambda p=params, **o: lo.AlternatingProjectionOp.from_jacobian(  # noqa: E731
+        fn, p, X, batch_size=4, rtol=1e-12, store_linearization="rows", **o)
+    stacked = build()
+    monkeypatch.setattr(_rowblocks, "_APART_BYTES", 0)  # the default keeps rows this small stacked (above)
+    apart = build()
+    assert (stacked.blocks.apart, apart.blocks.apart) == (False, True)
+    assert len(apart.stored) == 6 and all(len(s) == 1 and s[0].shape == (12, flat.size) for s in apart.stored)
+    assert_close(np.concatenate([s[0] for s in apart.stored]), J, rtol=1e-12)  # the flat parameters' order
+    assert_close(apart.blocks.kernel_norm(x), np.linalg.norm(J @ x), rtol=1e-12)
+    for sweep in ("sweep", "symmetric_sweep"):
+        assert_close(getattr(apart, sweep)(x), getattr(stacked, sweep)(x), rtol=1e-12)
+    one, block = apart.project(x), apart.project_samples(V)
+    assert bool(one.converged) and bool(jnp.all(block.converged))
+    assert _error(one.value, null, x) < 1e-8
+    assert_close(block.value, null @ np.asarray(V), atol=1e-8)
+    assert_close(one.kernel_residual, stacked.project(x).kernel_residual, atol=1e-9)
+    # in place: a sweep's temporary memory holds less than one batch's rows; the stacked loop's holds a copy
+    temp = lambda A: jax.jit(lambda A, v: A.symmetric_sweep(v)).lower(A, x).compile().memory_analysis()  # noqa: E731
+    rows_bytes = 12 * flat.size * 8
+    assert temp(stacked).temp_size_in_bytes >= rows_bytes > temp(apart).temp_size_in_bytes
+    # narrow rows kept apart: the same narrow values and products as stacked
+    narrow = [build(row_dtype="float16")]
+    monkeypatch.setattr(_rowblocks, "_APART_BYTES", 1 << 60)
+    narrow.append(build(row_dtype="float16"))
+    assert [A.blocks.apart for A in narrow] == [True, False]
+    assert_close(narrow[0].symmetric_sweep(x), narrow[1].symmetric_sweep(x), rtol=1e-12)
+    # a refit of the same shapes compiles nothing; under a trace the set-up is one program's loop: stacked
+    monkeypatch.setattr(_rowblocks, "_APART_BYTES", 0)
+    refit = {"W": params["W"] * 1.5, "b": params["b"]}
+    with lo.testing.count_compilations() as compiled:
+        again = build(refit)
+        again.symmetric_sweep(x), again.project(x)
+    assert again.blocks.apart and not compiled
+    traced = []
+    jax.jit(lambda p: traced.append(build(p).blocks.apart) or 0.0)(params)
+    assert traced == [False]
+
+
 def test_stored_rows_are_refused_or_passed_over_when_they_cannot_fit(monkeypatch):
     import linops.nn._rowblocks as rowblocks
 
