@@ -11,9 +11,9 @@ linear map $t \mapsto M_b t$ stored once, in one of two forms:
   matrix products. ``row_dtype`` keeps them in a narrower floating type (float16: half the memory of float32
   rows), each row scaled by a power of two so that its largest entry is at most 1 (exact, and no overflow);
   the products still run in the parameters' dtype, and the Gram, its factor and every diagnostic are those
-  of the rows as stored, so the projector is exactly the one onto their kernel. Large rows built eagerly are
-  kept apart, one ``(R, P)`` array per batch, and the sweeps unrolled over them (`_keep_apart`: a loop over
-  stacked rows copies each batch's slice before its products).
+  of the rows as stored, so the projector is exactly the one onto their kernel. Large rows in the parameters'
+  dtype built eagerly are kept apart, one ``(R, P)`` array per batch, and the sweeps unrolled over them
+  (`_keep_apart`: a loop over stacked rows copies each batch's slice before its products).
   A convolution reuses each weight at every pixel, so its tangent pass costs more than the ``2 R P``
   flops of a product with the rows, and runs far below a matrix product's speed on CPU: LeNet-5's
   sweeps run 4x faster on its rows (`benchmarks/projected.py` (e)).
@@ -127,8 +127,8 @@ class RowBlocks(eqx.Module):
 
         plan = _FactorPlan(rows.rows, rows.forward, rows.to_tree, int(rows.size), np.dtype(rows.dtype),
                            int(rows.num_rows), store, bool(by_products), cutoff, row_dtype)
-        apart = mesh is None and _keep_apart(store, batches, rows.num_rows * int(rows.size) * np.dtype(
-            rows.dtype if row_dtype is None else row_dtype).itemsize, (rows.params, data))
+        apart = mesh is None and row_dtype is None and _keep_apart(
+            store, batches, rows.num_rows * int(rows.size) * np.dtype(rows.dtype).itemsize, (rows.params, data))
         if apart:  # each batch's rows in an array of its own: a sweep reads them where they are
             W, stored, traces = _factor_apart(rows.params, data, plan._replace(apart=True), batches)
         elif mesh is None:  # one program per plan (structural) and shapes: a refit compiles nothing
@@ -166,17 +166,9 @@ class RowBlocks(eqx.Module):
     def project_apart(self, v, b: int):
         r"""$Q_b v$ for a flat ``v`` ``(P,)`` from batch ``b``'s rows kept apart (`_keep_apart`): two products with
         its ``(R, P)`` rows, read where they are."""
-        rows, scale = self._rows_apart(b)
-        u = scale * (rows @ v)
-        c = self.W[b].T @ (self.W[b] @ u)
-        return v - (scale * c).astype(v.dtype) @ rows
-
-    def _rows_apart(self, b: int):
-        """Batch ``b``'s rows kept apart, in the parameters' dtype, and their per-row scales (1 when not narrow)."""
-        if self.row_dtype is None:
-            return self.stored[b][0], jnp.ones((), self.dtype)
-        narrow, scale = self.stored[b]
-        return narrow.astype(self.dtype), scale
+        rows = self.stored[b][0]
+        c = self.W[b].T @ (self.W[b] @ (rows @ v))
+        return v - c.astype(v.dtype) @ rows
 
     def linear(self, data_b, stored_b):
         """The batch's linear map ``t -> M_b t`` (stored, or recomputed from the forward pass)."""
@@ -212,8 +204,7 @@ class RowBlocks(eqx.Module):
     def kernel_norm(self, v):
         r"""$\|M v\|$ for a flat vector ``v`` (0 exactly on $\ker M$)."""
         if self.apart:
-            return jnp.sqrt(sum(jnp.sum((scale * (rows @ v)) ** 2)
-                                for rows, scale in map(self._rows_apart, range(self.num_batches))))
+            return jnp.sqrt(sum(jnp.sum((rows @ v) ** 2) for (rows,) in self.stored))
         t = self.to_tree(v)
         norms = canonical_convolutions(lambda b: jnp.sum(self.linear(b[0], b[2])(t) ** 2))
         return jnp.sqrt(lax.map(norms, self.batches()).sum())
@@ -314,7 +305,7 @@ def _batch_gram(params, data_b, plan: _FactorPlan):
     rows_b = plan.rows(params, data_b)
     if plan.store == _ROWS:  # the rows are kept: their inner products (of the rows as kept) are the Gram
         leaves = tuple(jax.tree_util.tree_leaves(rows_b))
-        if plan.apart:  # one (R, P) array, the leaves side by side in the flat parameters' order
+        if plan.apart:  # one (R, P) array, the leaves side by side in the flat parameters' order (never narrow)
             leaves = (jnp.concatenate([a.reshape(a.shape[0], -1) for a in leaves], axis=1),)
         narrow = plan.row_dtype is not None
         kept, used = _narrow_rows(leaves, plan.row_dtype, plan.dtype) if narrow else (leaves, leaves)
@@ -365,16 +356,19 @@ _APART_MAX_BATCHES = 128  # ... and at most this many batches
 
 
 def _keep_apart(store, batches, batch_bytes, arrays) -> bool:
-    """Whether to keep each batch's rows in arrays of their own: rows large and few enough, built eagerly (under a
-    trace the set-up is one program's loop, whose outputs are stacked)."""
+    """Whether to keep each batch's rows (in the parameters' dtype) in arrays of their own: rows large and few enough,
+    built eagerly (under a trace the set-up is one program's loop, whose outputs are stacked). Narrow rows stay
+    stacked: the loop widens each batch as it slices it, so it copies nothing more; kept apart, XLA ran every batch's
+    widening before the sweep (nothing else orders them; an optimization barrier does not survive XLA:CPU) and held
+    every wide copy at once: 7.7 GB where a CNN's float16 rows take 2.5 GB (`benchmarks/projected.py --cnn-storage`,
+    2026-12-02)."""
     if store != _ROWS or not 1 < batches <= _APART_MAX_BATCHES or batch_bytes < _APART_BYTES:
         return False
     return not any(isinstance(a, jax.core.Tracer) for a in jax.tree_util.tree_leaves(arrays))
 
 
 def _factor_apart(params, data, plan: _FactorPlan, batches: int):
-    """`_factor_batches` with each batch's rows in an array of its own: ``stored[b]`` is ``(rows,)`` (``(R, P)``),
-    or ``(rows, scales)`` in a narrow ``row_dtype``."""
+    """`_factor_batches` with each batch's rows in an array of its own: ``stored[b]`` is ``(rows,)`` (``(R, P)``)."""
     grams, stored = zip(*(_batch_gram_jit(params, data, b, plan) for b in range(batches)), strict=True)
     W, traces = _factor_grams_jit(tuple(grams), plan)
     return W, tuple(stored), traces

@@ -386,12 +386,10 @@ def test_large_rows_are_kept_apart_and_each_sweep_reads_them_in_place(monkeypatc
     temp = lambda A: jax.jit(lambda A, v: A.symmetric_sweep(v)).lower(A, x).compile().memory_analysis()  # noqa: E731
     rows_bytes = 12 * flat.size * 8
     assert temp(stacked).temp_size_in_bytes >= rows_bytes > temp(apart).temp_size_in_bytes
-    # narrow rows kept apart: the same narrow values and products as stacked
-    narrow = [build(row_dtype="float16")]
-    monkeypatch.setattr(_rowblocks, "_APART_BYTES", 1 << 60)
-    narrow.append(build(row_dtype="float16"))
-    assert [A.blocks.apart for A in narrow] == [True, False]
-    assert_close(narrow[0].symmetric_sweep(x), narrow[1].symmetric_sweep(x), rtol=1e-12)
+    # narrow rows stay stacked, each batch widened as the loop reaches it: kept apart, XLA widened every batch
+    # first and held every wide copy (7.7 GB for a CNN's 2.5 GB of float16 rows)
+    narrow = build(row_dtype="float16")
+    assert not narrow.blocks.apart and temp(narrow).temp_size_in_bytes < 2 * rows_bytes
     # a refit of the same shapes compiles nothing; under a trace the set-up is one program's loop: stacked
     monkeypatch.setattr(_rowblocks, "_APART_BYTES", 0)
     refit = {"W": params["W"] * 1.5, "b": params["b"]}
