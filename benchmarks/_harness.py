@@ -79,15 +79,21 @@ def machine_info(**extra):
     import equinox
     import jaxlib
 
-    cpu_model = None
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as fh:
-            cpu_model = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), None)
+    cpu_model = cpu_id = None
+    if os.path.exists("/proc/cpuinfo"):  # the first processor's: a model name alone ("AMD EPYC") hides which
+        with open("/proc/cpuinfo") as fh:  # generation ran, and these machines vary from day to day
+            first = dict(line.split(":", 1) for line in fh.read().split("\n\n")[0].splitlines() if ":" in line)
+        first = {k.strip(): v.strip() for k, v in first.items()}
+        cpu_model = first.get("model name")
+        flags = set(first.get("flags", "").split())
+        cpu_id = (f"family {first.get('cpu family', '?')} model {first.get('model', '?')}, "
+                  f"{'AVX-512' if 'avx512f' in flags else 'AVX2' if 'avx2' in flags else 'no AVX2'}, "
+                  f"{first.get('cache size', '?')} cache")
     return {
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "python": sys.version.split()[0], "jax": jax.__version__, "jaxlib": jaxlib.__version__,
         "equinox": equinox.__version__, "linops": lo.__version__, "platform": platform.platform(),
-        "machine": platform.machine(), "cpu_model": cpu_model, "cpu_count": os.cpu_count(),
+        "machine": platform.machine(), "cpu_model": cpu_model, "cpu_id": cpu_id, "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "jax_backend": jax.default_backend(), "jax_devices": [str(d) for d in jax.devices()],
         "XLA_FLAGS": os.environ.get("XLA_FLAGS"), "dtype": "float32", **extra,
