@@ -355,7 +355,7 @@ def test_large_rows_are_kept_apart_and_each_sweep_reads_them_in_place(monkeypatc
     """Issue 38: a `lax.scan` over stacked rows copies each batch's slice before its products (XLA:CPU), as many
     bytes as the products read (a CNN's sweeps 1.4x slower). Rows large enough are kept apart, one (R, P) array
     per batch, and the sweeps unrolled over them: the same operator as stacked rows (the dense projector), no
-    batch's copy in a sweep's memory, narrow rows too, a refit compiles nothing; under a trace, stacked."""
+    batch's copy in a sweep's memory, a refit compiles nothing; under a trace, and narrow rows, stacked."""
     from linops.nn import _rowblocks
 
     rng = np.random.default_rng(23)
@@ -391,7 +391,6 @@ def test_large_rows_are_kept_apart_and_each_sweep_reads_them_in_place(monkeypatc
     narrow = build(row_dtype="float16")
     assert not narrow.blocks.apart and temp(narrow).temp_size_in_bytes < 2 * rows_bytes
     # a refit of the same shapes compiles nothing; under a trace the set-up is one program's loop: stacked
-    monkeypatch.setattr(_rowblocks, "_APART_BYTES", 0)
     refit = {"W": params["W"] * 1.5, "b": params["b"]}
     with lo.testing.count_compilations() as compiled:
         again = build(refit)
