@@ -171,8 +171,7 @@ class AlternatingProjectionOp(LinearOperator):
 
     W = property(lambda self: self.blocks.W, doc="The factors ``(B, R, R)``: $W_b^\\top W_b = (M_b M_b^\\top)^+$.")
     stored = property(lambda self: self.blocks.stored, doc="The stored per-batch linearisations or rows (or ``()``), "
-                      "stacked; large rows in the parameters' dtype kept apart: a tuple per batch, "
-                      "``(rows,)`` ``(R, P)``.")
+                      "stacked; large rows in the parameters' dtype kept apart: per batch ``(rows,)`` ``(R, P)``.")
     size = property(lambda self: self.blocks.size, doc="The number of parameters ``P``.")
     mesh = property(lambda self: self.blocks.mesh, doc="The mesh the batches are split over (or None).")
     axis = property(lambda self: self.blocks.axis, doc="The mesh axis the batches are split along.")
