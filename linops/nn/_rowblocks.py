@@ -127,8 +127,8 @@ class RowBlocks(eqx.Module):
 
         plan = _FactorPlan(rows.rows, rows.forward, rows.to_tree, int(rows.size), np.dtype(rows.dtype),
                            int(rows.num_rows), store, bool(by_products), cutoff, row_dtype)
-        apart = mesh is None and row_dtype is None and _keep_apart(
-            store, batches, rows.num_rows * int(rows.size) * np.dtype(rows.dtype).itemsize, (rows.params, data))
+        apart = mesh is None and _keep_apart(store, row_dtype, batches, rows.num_rows * int(rows.size) * np.dtype(
+            rows.dtype).itemsize, (rows.params, data))
         if apart:  # each batch's rows in an array of its own: a sweep reads them where they are
             W, stored, traces = _factor_apart(rows.params, data, plan._replace(apart=True), batches)
         elif mesh is None:  # one program per plan (structural) and shapes: a refit compiles nothing
@@ -355,14 +355,14 @@ _APART_BYTES = 1 << 26  # a batch's rows at least this large (64 MiB) ...
 _APART_MAX_BATCHES = 128  # ... and at most this many batches
 
 
-def _keep_apart(store, batches, batch_bytes, arrays) -> bool:
+def _keep_apart(store, row_dtype, batches, batch_bytes, arrays) -> bool:
     """Whether to keep each batch's rows (in the parameters' dtype) in arrays of their own: rows large and few enough,
     built eagerly (under a trace the set-up is one program's loop, whose outputs are stacked). Narrow rows stay
     stacked: the loop widens each batch as it slices it, so it copies nothing more; kept apart, XLA ran every batch's
     widening before the sweep (nothing else orders them; an optimization barrier does not survive XLA:CPU) and held
     every wide copy at once: 7.7 GB where a CNN's float16 rows take 2.5 GB (`benchmarks/projected.py --cnn-storage`,
     2026-12-02)."""
-    if store != _ROWS or not 1 < batches <= _APART_MAX_BATCHES or batch_bytes < _APART_BYTES:
+    if store != _ROWS or row_dtype is not None or not 1 < batches <= _APART_MAX_BATCHES or batch_bytes < _APART_BYTES:
         return False
     return not any(isinstance(a, jax.core.Tracer) for a in jax.tree_util.tree_leaves(arrays))
 
