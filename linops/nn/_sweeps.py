@@ -32,11 +32,13 @@ from linops.runtime._batching import leaf_specs
 from linops.runtime._conv_layout import canonical_convolutions
 
 
-def scan(blocks, t, batches, reverse=False, watch=False):
+def scan(blocks, t, batches, reverse=False, watch=False, select=None):
     """$Q$ of each of ``batches`` in turn (in reverse order with ``reverse``) on a pytree ``t``; ``watch``: after
-    each batch, a host callback that stops the program if Ctrl-C was pressed (`linops.runtime._interrupt`)."""
+    each batch, a host callback that stops the program if Ctrl-C was pressed (`linops.runtime._interrupt`);
+    ``select``: ``batches`` are indices, and ``select(i)`` is batch ``i``."""
 
     def step(t, b):
+        b = b if select is None else select(b)
         if watch:  # on the batch's own factor, never on t: under jax.vmap of the sweep (a block of columns) a
             # callback given a batched value would run once per column
             jax.debug.callback(lambda _: _interrupt.check(), jnp.ravel(b[1])[:1])
@@ -48,8 +50,16 @@ def scan(blocks, t, batches, reverse=False, watch=False):
 def symmetric_scan(blocks, t, batches, watch=False):
     r"""Forward through ``batches``, then back: $Q_1 \cdots Q_B Q_B \cdots Q_1$, which is the symmetric sweep
     ($Q_B Q_B = Q_B$, a projector). The last batch is applied twice rather than left out of the way back:
-    slicing it off would copy every batch's stored linearisation (as much memory again as the operator)."""
-    return scan(blocks, scan(blocks, t, batches, watch=watch), batches, reverse=True, watch=watch)
+    slicing it off would copy every batch's stored linearisation (as much memory again as the operator).
+
+    ONE loop over the batch indices $0, \dots, B-1, B-1, \dots, 0$, each step reading its batch where it lies:
+    the batch's products (a network's tangent and transposed passes, for a linearisation) are compiled once, not
+    once per direction, and a projection's program holds three sweeps (its right-hand side, CG's step and the
+    recomputed residual)."""
+    count = jax.tree_util.tree_leaves(batches)[0].shape[0]
+    order = jnp.concatenate([jnp.arange(count), jnp.arange(count - 1, -1, -1)])
+    at = lambda i: jax.tree_util.tree_map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), batches)  # noqa: E731
+    return scan(blocks, t, order, watch=watch, select=at)
 
 
 def sequential(blocks, v, symmetric=False, watch=False):

@@ -553,6 +553,26 @@ def test_a_symmetric_sweep_copies_no_stored_linearisation():
     assert_close(op.symmetric_sweep(x), Q @ np.asarray(x), rtol=1e-8)
 
 
+@pytest.mark.parametrize("store", [True, False])
+def test_a_symmetric_sweep_runs_each_batchs_products_in_one_loop(store):
+    """The symmetric sweep (forward through the batches, then back) is ONE loop over the batch indices: each
+    batch's products (a network's tangent and transposed passes) appear once in its program, as in a one-way
+    sweep, not once per direction (two loops compiled a projection's program about 1.5-2x as slowly at XLA's
+    default optimisation level: it holds three sweeps). The product itself is checked against the dense
+    per-batch projectors above."""
+    params, X, J, null, x = _setup(0, 24)
+    op = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=4, store_linearization=store)
+
+    def count(f, name):
+        return sum(eqn.primitive.name == name for eqn in equations(jax.make_jaxpr(f)(x).jaxpr))
+
+    one_way, both_ways = (lambda v: op._sweep(v)), (lambda v: op._sweep(v, symmetric=True))
+    assert count(both_ways, "scan") == count(one_way, "scan") == 1
+    assert count(both_ways, "dot_general") == count(one_way, "dot_general") > 0
+    if not store:  # the forward pass recomputed: the network itself, once
+        assert count(both_ways, "tanh") == count(one_way, "tanh") > 0
+
+
 @pytest.mark.parametrize("by_products", [True, False])
 def test_both_ways_of_forming_the_grams_give_the_projection(by_products, monkeypatch):
     """The set-up forms each batch's Gram by forward-mode products or by the rows' inner products (whichever XLA
