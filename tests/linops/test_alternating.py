@@ -557,9 +557,9 @@ def test_a_symmetric_sweep_copies_no_stored_linearisation():
 def test_a_symmetric_sweep_runs_each_batchs_products_in_one_loop(store):
     """The symmetric sweep (forward through the batches, then back) is ONE loop over the batch indices: each
     batch's products (a network's tangent and transposed passes) appear once in its program, as in a one-way
-    sweep, not once per direction (two loops compiled a projection's program about 1.5-2x as slowly at XLA's
-    default optimisation level: it holds three sweeps). The product itself is checked against the dense
-    per-batch projectors above."""
+    sweep, not once per direction (with two loops a CNN's projection took 1.2 to 5 times as long to compile:
+    its program holds three sweeps; docs/methods/projected.md). The product itself is checked against the
+    dense per-batch projectors above."""
     params, X, J, null, x = _setup(0, 24)
     op = lo.AlternatingProjectionOp.from_jacobian(_fn, params, X, batch_size=4, store_linearization=store)
 
